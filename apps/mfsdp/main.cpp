@@ -1,0 +1,57 @@
+// mfsdp: train TorchScript models with Megatron-FSDP-style sharding, launched by mpirun or srun.
+// Errors: one line per failing rank, exit status 2 for user errors, 1 for internal ones; with more
+// than one rank the failing rank aborts the whole job so that no peer is left waiting.
+#include <cstdio>
+#include <map>
+#include <memory>
+
+#include "commands.h"
+#include "comm/mpi_env.h"
+#include "util/error.h"
+
+namespace {
+
+int report_and_exit(const char* kind, const char* what, int code) {
+  const int rank = mfsdp::MpiEnv::world_rank();
+  const int world = mfsdp::MpiEnv::world_size();
+  if (world > 1) std::fprintf(stderr, "mfsdp: rank %d: %s%s\n", rank, kind, what);
+  else std::fprintf(stderr, "mfsdp: %s%s\n", kind, what);
+  std::fflush(stderr);
+  if (world > 1) mfsdp::MpiEnv::abort_job(code);
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"mfsdp: Megatron-FSDP-style sharded training of TorchScript models, launched by mpirun or srun"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "mfsdp 0.1.0");
+  std::map<CLI::App*, std::pair<mfsdp::cli::Runner, bool>> runners;  // runner, needs MPI
+  auto* validate = app.add_subcommand("validate", "Check a config and show the mesh for a world size (no launch)");
+  runners[validate] = {mfsdp::cli::add_validate(*validate), false};
+  auto* bench = app.add_subcommand("bench-comm", "Measure all_gather / reduce_scatter / all_reduce bus bandwidth per mesh group");
+  runners[bench] = {mfsdp::cli::add_bench_comm(*bench), true};
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  std::unique_ptr<mfsdp::MpiEnv> mpi;
+  try {
+    for (auto& [cmd, runner] : runners) {
+      if (!cmd->parsed()) continue;
+      if (runner.second) mpi = std::make_unique<mfsdp::MpiEnv>(&argc, &argv);
+      int rc = runner.first();
+      mpi.reset();
+      return rc;
+    }
+  } catch (const mfsdp::UserError& e) {
+    return report_and_exit("error: ", e.what(), 2);
+  } catch (const std::exception& e) {
+    return report_and_exit("internal error: ", e.what(), 1);
+  }
+  return 0;
+}

@@ -1,0 +1,206 @@
+// The MPI backend (CPU tensors). Collectives run on the progress thread as nonblocking MPI calls.
+// bf16 and fp16 have no MPI type: they travel as 16-bit words and are reduced by user-defined MPI
+// ops that widen to float, combine and round back (MPI_SUM on uint16 would be an integer sum).
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/communicator.h"
+#include "comm/progress_thread.h"
+#include "util/error.h"
+
+namespace mfsdp {
+namespace {
+
+template <class T, bool kMax>
+void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const T* a = static_cast<const T*>(in);
+  T* b = static_cast<T*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    float x = static_cast<float>(a[i]), y = static_cast<float>(b[i]);
+    b[i] = static_cast<T>(kMax ? std::max(x, y) : x + y);
+  }
+}
+
+struct Ops16 {
+  MPI_Op bf16_sum, bf16_max, fp16_sum, fp16_max;
+  Ops16() {
+    MPI_Op_create(&reduce16<c10::BFloat16, false>, 1, &bf16_sum);
+    MPI_Op_create(&reduce16<c10::BFloat16, true>, 1, &bf16_max);
+    MPI_Op_create(&reduce16<c10::Half, false>, 1, &fp16_sum);
+    MPI_Op_create(&reduce16<c10::Half, true>, 1, &fp16_max);
+  }
+};
+
+const Ops16& ops16() {
+  static Ops16 ops;  // created after MPI_Init, on first use; freed by MPI_Finalize
+  return ops;
+}
+
+MPI_Datatype mpi_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kInt: return MPI_INT32_T;
+    case at::kLong: return MPI_INT64_T;
+    case at::kBFloat16:
+    case at::kHalf: return MPI_UINT16_T;
+    case at::kByte: return MPI_UINT8_T;
+    case at::kChar: return MPI_INT8_T;
+    case at::kBool: return MPI_C_BOOL;
+    default:
+      throw std::invalid_argument(std::string("the MPI backend does not carry dtype ") + c10::toString(t));
+  }
+}
+
+MPI_Op mpi_op(ReduceOp op, at::ScalarType t) {
+  const bool max = op == ReduceOp::kMax;
+  if (t == at::kBFloat16) return max ? ops16().bf16_max : ops16().bf16_sum;
+  if (t == at::kHalf) return max ? ops16().fp16_max : ops16().fp16_sum;
+  if (t == at::kBool || t == at::kByte || t == at::kChar)
+    if (!max) throw std::invalid_argument(std::string("sum/avg reductions of ") + c10::toString(t) + " are not supported");
+  return max ? MPI_MAX : MPI_SUM;
+}
+
+// AVG = SUM then divide. Integers divide with truncation, as NCCL's ncclAvg does.
+void finish_avg(const at::Tensor& t, int n) {
+  if (at::isFloatingType(t.scalar_type())) t.div_(n);
+  else t.div_(n, "trunc");
+}
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, std::string name, int rank, int size, std::vector<int> world_ranks)
+      : Communicator(std::move(name), rank, size, std::move(world_ranks)), comm_(comm) {
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    ops16();
+  }
+  ~MpiCommunicator() override {
+    if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Comm_free(&comm_);
+    }
+  }
+  Backend backend() const override { return Backend::kMpi; }
+
+  WorkHandle all_gather_async(const at::Tensor& out, const at::Tensor& in) override {
+    check_gather_pair(out, in, "all_gather");
+    check_cpu(out, "all_gather");
+    if (size() == 1 || in.numel() == 0) {
+      if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+      return done();
+    }
+    auto dt = mpi_type(in.scalar_type());
+    int n = static_cast<int>(in.numel());
+    // Gathering in place (the input is this rank's slice of the output) is MPI_IN_PLACE.
+    bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + size_t(rank()) * in.nbytes();
+    return submit([=] {
+      MPI_Request req;
+      check(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_, &req),
+            "MPI_Iallgather");
+      wait_mpi_request(req, "all_gather");
+    });
+  }
+
+  WorkHandle reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    check_gather_pair(in, out, "reduce_scatter");
+    check_cpu(in, "reduce_scatter");
+    if (size() == 1 || out.numel() == 0) {
+      if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+      return done();
+    }
+    auto dt = mpi_type(in.scalar_type());
+    auto mop = mpi_op(op, in.scalar_type());
+    int n = static_cast<int>(out.numel());
+    int world = size();
+    return submit([=] {
+      MPI_Request req;
+      check(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, dt, mop, comm_, &req),
+            "MPI_Ireduce_scatter_block");
+      wait_mpi_request(req, "reduce_scatter");
+      if (op == ReduceOp::kAvg) finish_avg(out, world);
+    });
+  }
+
+  WorkHandle all_reduce_async(const at::Tensor& t, ReduceOp op) override {
+    check_tensor(t, "the", "all_reduce");
+    check_cpu(t, "all_reduce");
+    if (size() == 1 || t.numel() == 0) return done();
+    auto dt = mpi_type(t.scalar_type());
+    auto mop = mpi_op(op, t.scalar_type());
+    int n = static_cast<int>(t.numel());
+    int world = size();
+    return submit([=] {
+      MPI_Request req;
+      check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, dt, mop, comm_, &req), "MPI_Iallreduce");
+      wait_mpi_request(req, "all_reduce");
+      if (op == ReduceOp::kAvg) finish_avg(t, world);
+    });
+  }
+
+  WorkHandle broadcast_async(const at::Tensor& t, int root) override {
+    check_tensor(t, "the", "broadcast");
+    check_cpu(t, "broadcast");
+    if (root < 0 || root >= size())
+      throw std::invalid_argument(name() + ".broadcast: root " + std::to_string(root) + " is not in a group of " +
+                                  std::to_string(size()));
+    if (size() == 1 || t.numel() == 0) return done();
+    auto dt = mpi_type(t.scalar_type());
+    int n = static_cast<int>(t.numel());
+    return submit([=] {
+      MPI_Request req;
+      check(MPI_Ibcast(t.data_ptr(), n, dt, root, comm_, &req), "MPI_Ibcast");
+      wait_mpi_request(req, "broadcast");
+    });
+  }
+
+  WorkHandle barrier_async() override {
+    if (size() == 1) return done();
+    return submit([=] {
+      MPI_Request req;
+      check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+      wait_mpi_request(req, "barrier");
+    });
+  }
+
+ private:
+  static WorkHandle done() { return std::make_shared<CompletedWork>(); }
+  // The lambda holds copies of the tensors, so their storage lives until the collective is done.
+  static WorkHandle submit(std::function<void()> fn) { return ProgressThread::instance().submit(std::move(fn)); }
+  void check(int rc, const char* call) const {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw std::runtime_error(name() + ": " + call + " failed: " + std::string(msg, len));
+  }
+  void check_cpu(const at::Tensor& t, const char* op) const {
+    if (!t.device().is_cpu())
+      throw std::invalid_argument(name() + "." + op + ": the MPI backend takes CPU tensors, got " + t.device().str());
+  }
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name, int rank, int size,
+                                                     std::vector<int> world_ranks);
+
+std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, std::string name) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  // The world rank of every member, so that logs and flight records can name peers.
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  std::vector<int> world_ranks(size);
+  MPI_Allgather(&me, 1, MPI_INT, world_ranks.data(), 1, MPI_INT, comm);
+  if (backend == Backend::kNccl) return make_nccl_communicator(comm, std::move(name), rank, size, std::move(world_ranks));
+  return std::make_unique<MpiCommunicator>(comm, std::move(name), rank, size, std::move(world_ranks));
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,57 @@
+#include "comm/mpi_env.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "comm/progress_thread.h"
+#include "util/error.h"
+
+namespace mfsdp {
+
+MpiEnv::MpiEnv(int* argc, char*** argv) {
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+    throw std::runtime_error("MPI_Init_thread failed");
+  if (provided < MPI_THREAD_SERIALIZED)
+    throw std::runtime_error("the MPI library provides thread level " + std::to_string(provided) +
+                             "; mfsdp needs at least MPI_THREAD_SERIALIZED for its communication thread");
+  // Errors in MPI calls come back as return codes that we turn into exceptions with context.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+MpiEnv::~MpiEnv() {
+  ProgressThread::shutdown();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+bool MpiEnv::initialized() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+int MpiEnv::world_rank() {
+  int r = 0;
+  if (initialized()) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int MpiEnv::world_size() {
+  int n = 1;
+  if (initialized()) MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+void MpiEnv::abort_job(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (initialized()) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace mfsdp

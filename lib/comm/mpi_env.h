@@ -1,0 +1,23 @@
+// MPI start-up and shutdown, and the one way to stop the whole job from any rank.
+#pragma once
+#include <string>
+
+namespace mfsdp {
+
+class MpiEnv {
+ public:
+  // Initialises MPI (thread level MULTIPLE: the communication thread and the watchdog call MPI
+  // while the main thread computes). Safe to construct once per process.
+  MpiEnv(int* argc, char*** argv);
+  ~MpiEnv();
+  MpiEnv(const MpiEnv&) = delete;
+  MpiEnv& operator=(const MpiEnv&) = delete;
+
+  static int world_rank();
+  static int world_size();
+  // Ends every rank of the job with `code` (MPI_Abort on COMM_WORLD). Never returns.
+  [[noreturn]] static void abort_job(int code);
+  static bool initialized();
+};
+
+}  // namespace mfsdp

@@ -1,0 +1,149 @@
+// The NCCL backend (CUDA tensors). Compiled only when the LibTorch found has CUDA (or when
+// MFSDP_WITH_NCCL=ON forces a compile check); see the top-level CMakeLists.txt.
+//
+// Each communicator owns a CUDA stream. A collective first orders its stream after the work
+// already queued on the caller's stream (an event), then runs, then records a completion event.
+// Work::wait() orders the caller's stream after that event without blocking the host, as c10d's
+// ProcessGroupNCCL does; is_completed() queries the event.
+#include <ATen/ATen.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "comm/communicator.h"
+
+namespace mfsdp {
+namespace {
+
+void cuda_check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) throw std::runtime_error(what + ": " + cudaGetErrorString(e));
+}
+void nccl_check(ncclResult_t r, const std::string& what) {
+  if (r != ncclSuccess) throw std::runtime_error(what + ": " + ncclGetErrorString(r));
+}
+
+ncclDataType_t nccl_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kByte: return ncclUint8;
+    case at::kChar: return ncclInt8;
+    default: throw std::invalid_argument(std::string("the NCCL backend does not carry dtype ") + c10::toString(t));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// The stream the caller computes on. Torch's default CUDA stream is the legacy default stream.
+cudaStream_t caller_stream() { return cudaStreamLegacy; }
+
+class NcclWork final : public Work {
+ public:
+  explicit NcclWork(cudaEvent_t done) : done_(done) {}
+  ~NcclWork() override { cudaEventDestroy(done_); }
+  void wait() override { cuda_check(cudaStreamWaitEvent(caller_stream(), done_, 0), "cudaStreamWaitEvent"); }
+  bool is_completed() override { return cudaEventQuery(done_) == cudaSuccess; }
+
+ private:
+  cudaEvent_t done_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(MPI_Comm comm, std::string name, int rank, int size, std::vector<int> world_ranks)
+      : Communicator(std::move(name), rank, size, std::move(world_ranks)) {
+    ncclUniqueId id;
+    if (rank == 0) nccl_check(ncclGetUniqueId(&id), this->name() + ": ncclGetUniqueId");
+    if (MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm) != MPI_SUCCESS)
+      throw std::runtime_error(this->name() + ": broadcasting the NCCL unique id over MPI failed");
+    nccl_check(ncclCommInitRank(&comm_, size, id, rank), this->name() + ": ncclCommInitRank");
+    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
+  }
+  ~NcclCommunicator() override {
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(stream_);
+  }
+  Backend backend() const override { return Backend::kNccl; }
+
+  WorkHandle all_gather_async(const at::Tensor& out, const at::Tensor& in) override {
+    check_gather_pair(out, in, "all_gather");
+    check_cuda(in, "all_gather");
+    return launch([&] {
+      nccl_check(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in.scalar_type()), comm_, stream_),
+                 name() + ": ncclAllGather");
+    });
+  }
+  WorkHandle reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    check_gather_pair(in, out, "reduce_scatter");
+    check_cuda(in, "reduce_scatter");
+    return launch([&] {
+      nccl_check(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in.scalar_type()),
+                                   nccl_op(op), comm_, stream_),
+                 name() + ": ncclReduceScatter");
+    });
+  }
+  WorkHandle all_reduce_async(const at::Tensor& t, ReduceOp op) override {
+    check_tensor(t, "the", "all_reduce");
+    check_cuda(t, "all_reduce");
+    return launch([&] {
+      nccl_check(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), nccl_op(op), comm_,
+                               stream_),
+                 name() + ": ncclAllReduce");
+    });
+  }
+  WorkHandle broadcast_async(const at::Tensor& t, int root) override {
+    check_tensor(t, "the", "broadcast");
+    check_cuda(t, "broadcast");
+    return launch([&] {
+      nccl_check(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), root, comm_, stream_),
+                 name() + ": ncclBroadcast");
+    });
+  }
+  WorkHandle barrier_async() override {
+    // NCCL has no barrier: a one-element all-reduce orders every member, as c10d does.
+    auto dummy = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+    return all_reduce_async(dummy, ReduceOp::kSum);
+  }
+
+ private:
+  template <class F>
+  WorkHandle launch(F&& body) {
+    cudaEvent_t ready, done;
+    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(ready, caller_stream()), "cudaEventRecord");
+    cuda_check(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(ready);
+    body();
+    cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    cuda_check(cudaEventRecord(done, stream_), "cudaEventRecord");
+    return std::make_shared<NcclWork>(done);
+  }
+  void check_cuda(const at::Tensor& t, const char* op) const {
+    if (!t.device().is_cuda())
+      throw std::invalid_argument(name() + "." + op + ": the NCCL backend takes CUDA tensors, got " + t.device().str());
+  }
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name, int rank, int size,
+                                                     std::vector<int> world_ranks) {
+  return std::make_unique<NcclCommunicator>(comm, std::move(name), rank, size, std::move(world_ranks));
+}
+
+}  // namespace mfsdp

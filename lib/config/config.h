@@ -1,0 +1,152 @@
+// The experiment configuration: typed structs for every YAML section (DESIGN.md section 2).
+// No torch and no yaml-cpp here, so that any file may include it cheaply.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mfsdp {
+
+// Megatron-FSDP's zero_dp_strategy: what is sharded over the data-parallel shard group.
+enum class ZeroDpStrategy : int {
+  kNoShard = 0,           // replicate everything, all-reduce gradients
+  kOptim = 1,             // shard main weights + optimizer state
+  kOptimGrads = 2,        // ... and gradients (reduce-scatter every backward)
+  kOptimGradsParams = 3,  // ... and compute weights (all-gather per unit)
+};
+const char* to_string(ZeroDpStrategy s);
+
+// Every MegatronFSDPConfig field of NeMo Automodel (same names and defaults), the mesh sizes,
+// and `strategy`. Sizes: world = dp_replicate x dp_shard x cp x tp, dp = dp_replicate x dp_shard.
+struct DistributedConfig {
+  std::string strategy = "megatron_fsdp";
+  std::optional<int64_t> dp_size;  // nullopt = auto (inferred from the world size)
+  int64_t dp_replicate_size = 1;
+  int64_t tp_size = 1;
+  int64_t cp_size = 1;
+
+  // --- MegatronFSDPConfig (16 fields) ---
+  std::optional<std::vector<std::string>> megatron_fsdp_unit_modules;  // null: auto-detect
+  ZeroDpStrategy zero_dp_strategy = ZeroDpStrategy::kOptimGradsParams;
+  bool init_fsdp_with_meta_device = false;
+  bool grad_reduce_in_fp32 = false;
+  bool preserve_fp32_weights = false;
+  bool overlap_grad_reduce = true;
+  bool overlap_param_gather = true;
+  bool check_for_nan_in_grad = true;
+  bool average_in_collective = false;
+  bool disable_bucketing = false;
+  bool calculate_per_token_loss = false;
+  bool keep_fp8_transpose_cache = false;
+  bool nccl_ub = false;
+  bool fsdp_double_buffer = false;
+  bool activation_checkpointing = false;
+  bool report_nan_in_param_grad = false;
+};
+
+// One dataset of a (possibly weighted) blend. `path` is a Megatron prefix (path.bin + path.idx)
+// or an llm.c token file (*.bin with the 256-int32 header).
+struct DataSource {
+  std::string path;
+  double weight = 1.0;
+};
+
+struct ModelConfig {
+  std::string path;               // TorchScript file
+  std::string compute_dtype = "fp32";  // fp32 | bf16
+};
+
+struct DataConfig {
+  std::vector<DataSource> train;
+  std::vector<DataSource> valid;  // empty: hold out valid_fraction of train's documents
+  std::string format = "auto";    // auto | megatron | llmc
+  double valid_fraction = 0.0;
+  bool shuffle = true;
+};
+
+struct TrainingConfig {
+  int64_t max_steps = 100;
+  int64_t global_batch_size = 8;
+  int64_t micro_batch_size = 8;
+  int64_t seq_length = 128;
+  int64_t seed = 1234;
+  int64_t log_every = 1;
+  int64_t eval_every = 0;  // 0: never
+  int64_t eval_iters = 10;
+  double clip_grad = 1.0;  // 0: no clipping
+  std::optional<int64_t> threads;  // nullopt: cores given to this process / local ranks
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";  // adamw | adam | sgd
+  double lr = 3e-4;
+  double weight_decay = 0.01;
+  std::vector<double> betas = {0.9, 0.95};
+  double eps = 1e-8;
+  double momentum = 0.9;  // sgd
+  bool nesterov = false;  // sgd
+  bool decay_norm_and_bias = false;
+};
+
+struct LrSchedulerConfig {
+  std::string name = "cosine";  // constant | linear | cosine | wsd | inverse_sqrt
+  int64_t warmup_steps = 0;
+  double min_lr = 0.0;
+  std::optional<int64_t> decay_steps;      // null: max_steps
+  std::optional<int64_t> wsd_decay_steps;  // null: 10% of decay_steps
+};
+
+struct CheckpointConfig {
+  std::optional<std::string> dir;  // null: no checkpoints
+  int64_t save_every = 0;          // 0: only at the end (when dir is set)
+  std::string resume = "auto";     // auto | none | <path>
+  int64_t keep_last = 0;           // 0: keep all
+  bool async = false;
+  bool save_final = true;
+};
+
+struct LoggingConfig {
+  bool all_ranks = false;  // every rank prints, prefixed with its rank
+  std::string progress = "auto";  // auto | on | off
+  std::optional<double> peak_tflops;  // per rank, for MFU; null: measured at start
+};
+
+struct Config {
+  std::string source;  // file the config came from ("<embedded default>" for the built-in one)
+  std::string run_dir = "runs/default";
+  ModelConfig model;
+  DistributedConfig distributed;
+  DataConfig data;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  LrSchedulerConfig lr_scheduler;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+
+  // Where each key was set ("file:line:col" or "command-line override 'k=v'"), by dotted path.
+  // Later layers use it so that world-size dependent errors still point at the YAML.
+  std::map<std::string, std::string> locations;
+  std::string where(const std::string& dotted_key) const;
+};
+
+// Loads, applies `key.path=value` overrides (typed by the schema), and validates everything that
+// does not depend on the world size. Throws ConfigError naming file:line:col and the key.
+Config load_config_file(const std::string& path, const std::vector<std::string>& overrides = {});
+Config load_config_string(const std::string& yaml, const std::string& source_name,
+                          const std::vector<std::string>& overrides = {});
+
+// The config shipped inside the binary (configs/default.yaml at build time).
+const std::string& embedded_default_config();
+
+// The resolved config as YAML, loadable again by load_config_*.
+std::string to_yaml(const Config& cfg);
+
+// Checks that need the data-parallel size: global batch divisible by micro batch x dp.
+// Throws ConfigError citing the keys involved.
+void check_batch_against_dp(const Config& cfg, int64_t dp_size);
+// Gradient-accumulation steps per optimizer step for a given dp size.
+int64_t grad_accum_steps(const Config& cfg, int64_t dp_size);
+
+}  // namespace mfsdp

@@ -1,0 +1,10 @@
+// Precompiled for every translation unit of the library: ATen is most of our compile time.
+#pragma once
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>

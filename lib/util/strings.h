@@ -1,0 +1,19 @@
+// Small string helpers shared by the config parser and the CLI (no torch, no yaml).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mfsdp {
+
+std::vector<std::string> split(const std::string& s, char sep);
+std::string join(const std::vector<std::string>& parts, const std::string& sep);
+// Levenshtein distance, for "did you mean" suggestions.
+size_t edit_distance(const std::string& a, const std::string& b);
+// The candidate closest to `word`, or "" when none is close enough to be a plausible typo.
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+// Shell-style glob with '*' and '?' (used for module paths such as "blocks.*").
+bool glob_match(const std::string& pattern, const std::string& text);
+// Human-readable byte count: 1.5 KiB, 3.0 MiB.
+std::string human_bytes(double bytes);
+
+}  // namespace mfsdp
