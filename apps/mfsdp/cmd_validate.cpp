@@ -11,8 +11,7 @@
 namespace mfsdp::cli {
 
 void ConfigArgs::add_to(CLI::App& cmd) {
-  cmd.add_option("-c,--config", file, "Experiment YAML (default: the embedded default config)")
-      ->check(CLI::ExistingFile);
+  cmd.add_option("-c,--config", file, "Experiment YAML (default: the embedded default config)");
   cmd.add_option("overrides", overrides, "key.path=value overrides, e.g. training.max_steps=1000");
 }
 

@@ -30,7 +30,7 @@ MeshShape resolve_mesh_shape(const Config& cfg, int64_t world) {
   s.dp_replicate = d.dp_replicate_size;
   const int64_t inner = d.tp_size * d.cp_size;
   if (world % inner != 0)
-    throw ConfigError(fmt::format("{}: distributed.tp_size x cp_size = {} x {} = {} does not divide the world size {}",
+    throw ConfigError(fmt::format("{}: distributed.tp_size ({}) x distributed.cp_size ({}) = {} does not divide the world size {}",
                                   cfg.where(d.tp_size > 1 ? "distributed.tp_size" : "distributed.cp_size"), d.tp_size,
                                   d.cp_size, inner, world));
   const int64_t dp = world / inner;

@@ -42,19 +42,20 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;
-  size_t best_d = std::string::npos;
+  std::pair<size_t, size_t> best_score{std::string::npos, std::string::npos};
   for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    // A prefix or suffix of a longer key ("steps" for "max_steps") is also a plausible slip.
+    size_t raw = edit_distance(word, c);
+    // A prefix or suffix of a longer key ("steps" for "max_steps") is also a plausible slip;
+    // ties go to the smaller raw distance ("optim_grad" -> "optim_grads", not "optim").
     bool affix = word.size() >= 3 && (c.find(word) != std::string::npos || word.find(c) != std::string::npos);
-    if (affix) d = std::min(d, size_t(1));
-    if (d < best_d) {
-      best_d = d;
+    std::pair<size_t, size_t> score{affix ? std::min<size_t>(raw, 1) : raw, raw};
+    if (score < best_score) {
+      best_score = score;
       best = c;
     }
   }
   size_t limit = std::max<size_t>(2, word.size() / 3);
-  return best_d <= limit ? best : std::string();
+  return best_score.first <= limit ? best : std::string();
 }
 
 bool glob_match(const std::string& p, const std::string& t) {

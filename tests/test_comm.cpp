@@ -1,0 +1,181 @@
+// Every collective, dtype and reduce op, synchronous and asynchronous, on the world and on mesh
+// groups. Run by CTest under mpirun at 1, 2 and 4 ranks. Expected values are small integers (or
+// exact binary fractions) so that every dtype, bf16 included, must reproduce them exactly.
+#include <ATen/ATen.h>
+
+#define CATCH_CONFIG_RUNNER  // our main() initialises MPI around the Catch session
+#include "catch.h"
+#include "comm/communicator.h"
+#include "comm/mpi_env.h"
+#include "mesh/process_groups.h"
+
+using namespace mfsdp;
+
+namespace {
+
+const std::vector<at::ScalarType> kTypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kInt, at::kLong};
+
+std::unique_ptr<Communicator> world() {
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  return make_communicator(Backend::kMpi, dup, "world");
+}
+
+// Rank r's element i: (r + 1) * 2 + i % 5 -- distinct per rank, exact in every dtype.
+at::Tensor values(int64_t n, int r, at::ScalarType t, int64_t offset = 0) {
+  return (at::arange(offset, offset + n, at::kLong).remainder(5) + 2 * (r + 1)).to(t);
+}
+
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.to(at::kDouble).equal(b.to(at::kDouble));
+}
+
+}  // namespace
+
+TEST_CASE("all_gather, every dtype") {
+  auto c = world();
+  const int n = c->size(), r = c->rank();
+  for (auto t : kTypes) {
+    INFO(c10::toString(t));
+    auto in = values(7, r, t);
+    auto out = at::zeros({7 * n}, t);
+    c->all_gather(out, in);
+    for (int q = 0; q < n; ++q) CHECK(same(out.slice(0, 7 * q, 7 * (q + 1)), values(7, q, t)));
+    // In place: the input is this rank's slice of the output.
+    auto buf = at::zeros({7 * n}, t);
+    buf.slice(0, 7 * r, 7 * (r + 1)).copy_(values(7, r, t));
+    c->all_gather(buf, buf.slice(0, 7 * r, 7 * (r + 1)));
+    CHECK(same(buf, out));
+  }
+}
+
+TEST_CASE("reduce_scatter sum/avg/max, every dtype") {
+  auto c = world();
+  const int n = c->size(), r = c->rank();
+  for (auto t : kTypes) {
+    INFO(c10::toString(t));
+    auto in = values(6 * n, r, t);
+    auto block = at::arange(6 * r, 6 * (r + 1), at::kLong).remainder(5);
+    const int64_t tri = int64_t(n) * (n + 1);  // sum over q of 2 (q + 1)
+    auto out = at::zeros({6}, t);
+    c->reduce_scatter(out, in, ReduceOp::kSum);
+    CHECK(same(out, (block * n + tri).to(t)));
+    c->reduce_scatter(out, in, ReduceOp::kMax);
+    CHECK(same(out, (block + 2 * n).to(t)));
+    c->reduce_scatter(out, in, ReduceOp::kAvg);
+    if (at::isFloatingType(t)) CHECK(same(out, ((block * n + tri).to(at::kDouble) / n).to(t)));
+    else CHECK(same(out, (block * n + tri).div(n, "trunc").to(t)));
+  }
+}
+
+TEST_CASE("all_reduce sum/avg/max, every dtype") {
+  auto c = world();
+  const int n = c->size(), r = c->rank();
+  for (auto t : kTypes) {
+    INFO(c10::toString(t));
+    auto idx = at::arange(0, 11, at::kLong).remainder(5);
+    const int64_t tri = int64_t(n) * (n + 1);
+    auto x = values(11, r, t);
+    c->all_reduce(x, ReduceOp::kSum);
+    CHECK(same(x, (idx * n + tri).to(t)));
+    x = values(11, r, t);
+    c->all_reduce(x, ReduceOp::kMax);
+    CHECK(same(x, (idx + 2 * n).to(t)));
+    x = values(11, r, t);
+    c->all_reduce(x, ReduceOp::kAvg);
+    if (at::isFloatingType(t)) CHECK(same(x, (idx * n + tri).to(at::kDouble).div(n).to(t)));
+    else CHECK(same(x, (idx * n + tri).div(n, "trunc").to(t)));
+  }
+}
+
+TEST_CASE("bf16 and fp16 sums are floating-point sums, not integer sums of the bit patterns") {
+  auto c = world();
+  const int n = c->size();
+  for (auto t : {at::kBFloat16, at::kHalf}) {
+    INFO(c10::toString(t));
+    // 0.5 + 0.25 per rank: bit patterns summed as uint16 would give garbage (0x3F00 + 0x3F00 ...).
+    auto x = at::full({5}, 0.75, t);
+    c->all_reduce(x, ReduceOp::kSum);
+    CHECK(same(x, at::full({5}, 0.75 * n, at::kDouble).to(t)));
+    auto y = at::full({3}, -1.5, t);
+    c->all_reduce(y, ReduceOp::kSum);
+    CHECK(same(y, at::full({3}, -1.5 * n, at::kDouble).to(t)));
+  }
+}
+
+TEST_CASE("broadcast from every root, every dtype") {
+  auto c = world();
+  for (auto t : kTypes) {
+    for (int root = 0; root < c->size(); ++root) {
+      auto x = values(9, c->rank(), t);
+      c->broadcast(x, root);
+      CHECK(same(x, values(9, root, t)));
+    }
+  }
+}
+
+TEST_CASE("async collectives: several in flight, completed by wait in any order") {
+  auto c = world();
+  const int n = c->size(), r = c->rank();
+  std::vector<at::Tensor> bufs;
+  std::vector<WorkHandle> works;
+  for (int k = 0; k < 6; ++k) {
+    bufs.push_back(at::full({1000}, float(k + r), at::kFloat));
+    works.push_back(c->all_reduce_async(bufs.back(), ReduceOp::kSum));
+  }
+  auto gathered = at::zeros({4 * n}, at::kFloat);
+  auto mine = at::full({4}, float(r), at::kFloat);
+  auto ag = c->all_gather_async(gathered, mine);
+  auto bar = c->barrier_async();
+  for (int k = 5; k >= 0; --k) {
+    works[k]->wait();
+    CHECK(works[k]->is_completed());
+    CHECK(bufs[k][0].item<float>() == float(k * n + n * (n - 1) / 2));
+  }
+  ag->wait();
+  for (int q = 0; q < n; ++q) CHECK(gathered[4 * q].item<float>() == float(q));
+  bar->wait();
+  CHECK(bar->is_completed());
+}
+
+TEST_CASE("bad arguments are rejected with the communicator's name") {
+  auto c = world();
+  auto big = at::zeros({3 * c->size() + 1}, at::kFloat);
+  auto small = at::zeros({3}, at::kFloat);
+  CHECK_THROWS_WITH(c->all_gather(big, small), Catch::Contains("world.all_gather"));
+  CHECK_THROWS_WITH(c->all_gather(at::zeros({3 * c->size()}, at::kDouble), small), Catch::Contains("dtype"));
+  CHECK_THROWS_WITH(c->all_reduce(at::zeros({4, 4}).t(), ReduceOp::kSum), Catch::Contains("contiguous"));
+  CHECK_THROWS_WITH(c->broadcast(small, c->size()), Catch::Contains("root"));
+}
+
+TEST_CASE("process groups: one communicator per mesh group, reductions stay inside the group") {
+  const int world_size = MpiEnv::world_size();
+  MeshShape s;
+  if (world_size == 4) s = MeshShape{1, 2, 1, 2};  // dp_shard 2 x tp 2
+  else if (world_size == 2) s = MeshShape{1, 1, 1, 2};
+  else s = MeshShape{1, int64_t(world_size), 1, 1};
+  DeviceMesh mesh(s, MpiEnv::world_rank());
+  ProcessGroups pg(mesh, Backend::kMpi);
+  for (int g = 0; g < kNumMeshGroups; ++g) {
+    auto group = static_cast<MeshGroup>(g);
+    Communicator& c = pg.get(group);
+    INFO(to_string(group));
+    CHECK(c.size() == mesh.group_size(group));
+    CHECK(c.rank() == mesh.group_rank(group));
+    CHECK(c.world_ranks() == mesh.group_ranks(group));
+    // Sum of world ranks over the group equals the sum of its members.
+    auto x = at::full({2}, int64_t(mesh.rank()), at::kLong);
+    c.all_reduce(x, ReduceOp::kSum);
+    int64_t expected = 0;
+    for (int m : mesh.group_ranks(group)) expected += m;
+    CHECK(x[0].item<int64_t>() == expected);
+  }
+}
+
+int main(int argc, char** argv) {
+  MpiEnv env(&argc, &argv);
+  int rc = Catch::Session().run(argc, argv);
+  // Any rank's failure fails the test on every rank (mpirun reports the first non-zero status).
+  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return rc;
+}
