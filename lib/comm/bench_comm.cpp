@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "comm/mpi_env.h"
 #include "mesh/process_groups.h"
 #include "util/error.h"
 
@@ -38,7 +39,7 @@ at::Tensor pattern(int64_t count, int64_t offset, int r, at::ScalarType dt) {
 }
 
 int64_t count_wrong(const at::Tensor& got, const at::Tensor& expected) {
-  return got.to(at::kDouble).ne(expected.to(at::kDouble)).sum().item<int64_t>();
+  return got.cpu().to(at::kDouble).ne(expected.to(at::kDouble)).sum().item<int64_t>();
 }
 
 double now_us() {
@@ -59,7 +60,10 @@ BenchCommRow bench_one(Communicator& comm, const std::string& op, int64_t bytes,
   row.bytes = (split ? row.count * n : row.count) * elem;
   const int64_t c = row.count;
 
-  at::Tensor small = at::empty({c}, dt), big = at::empty({c * n}, dt), buf = at::empty({c}, dt);
+  const auto dev = o.cuda ? at::Device(at::kCUDA, MpiEnv::local_rank() % std::max<int>(1, at::getNumGPUs()))
+                          : at::Device(at::kCPU);
+  const auto opts = at::TensorOptions().dtype(dt).device(dev);
+  at::Tensor small = at::empty({c}, opts), big = at::empty({c * n}, opts), buf = at::empty({c}, opts);
   std::function<WorkHandle()> launch;
   at::Tensor expected;
   at::Tensor* result = nullptr;
@@ -96,6 +100,7 @@ BenchCommRow bench_one(Communicator& comm, const std::string& op, int64_t bytes,
   comm.barrier();
   double t0 = now_us();
   for (int i = 0; i < o.iters; ++i) launch()->wait();
+  if (o.cuda) (void)result->sum().item<double>();  // NCCL wait() only orders streams: sync the host
   double t = (now_us() - t0) / std::max(1, o.iters);
   at::Tensor tt = at::full({1}, t, at::kDouble);
   comm.all_reduce(tt, ReduceOp::kAvg);

@@ -18,7 +18,8 @@ struct BenchCommOptions {
   int iters = 10;
   std::string dtype = "float32";  // float32 | bfloat16 | float16 | float64 | int32 | int64
   std::vector<std::string> ops = {"all_gather", "reduce_scatter", "all_reduce"};
-  std::vector<MeshGroup> groups;  // empty: every mesh dimension with more than one rank, and world
+  std::vector<MeshGroup> groups;
+  bool cuda = false;  // tensors on this rank's GPU (NCCL backend) instead of the CPU (MPI)  // empty: every mesh dimension with more than one rank, and world
 };
 
 struct BenchCommRow {

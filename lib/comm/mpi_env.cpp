@@ -47,6 +47,29 @@ int MpiEnv::world_size() {
   return n;
 }
 
+namespace {
+MPI_Comm node_comm() {
+  static MPI_Comm comm = [] {
+    MPI_Comm c;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &c);
+    return c;
+  }();
+  return comm;
+}
+}  // namespace
+
+int MpiEnv::local_rank() {
+  int r = 0;
+  if (initialized()) MPI_Comm_rank(node_comm(), &r);
+  return r;
+}
+
+int MpiEnv::local_size() {
+  int n = 1;
+  if (initialized()) MPI_Comm_size(node_comm(), &n);
+  return n;
+}
+
 void MpiEnv::abort_job(int code) {
   std::fflush(stdout);
   std::fflush(stderr);

@@ -18,6 +18,9 @@ class MpiEnv {
   // Ends every rank of the job with `code` (MPI_Abort on COMM_WORLD). Never returns.
   [[noreturn]] static void abort_job(int code);
   static bool initialized();
+  // This rank's index among the ranks on its node (MPI_Comm_split_type SHARED), for device choice.
+  static int local_rank();
+  static int local_size();
 };
 
 }  // namespace mfsdp

@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include "comm/communicator.h"
+#include "comm/mpi_env.h"
 
 namespace mfsdp {
 namespace {
@@ -62,6 +63,11 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(MPI_Comm comm, std::string name, int rank, int size, std::vector<int> world_ranks)
       : Communicator(std::move(name), rank, size, std::move(world_ranks)) {
+    // One GPU per local rank (ranks beyond the GPU count share them round-robin).
+    int ndev = 0;
+    cuda_check(cudaGetDeviceCount(&ndev), this->name() + ": cudaGetDeviceCount");
+    if (ndev == 0) throw std::runtime_error(this->name() + ": the NCCL backend needs a GPU and this node has none");
+    cuda_check(cudaSetDevice(MpiEnv::local_rank() % ndev), this->name() + ": cudaSetDevice");
     ncclUniqueId id;
     if (rank == 0) nccl_check(ncclGetUniqueId(&id), this->name() + ": ncclGetUniqueId");
     if (MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm) != MPI_SUCCESS)
