@@ -1,6 +1,7 @@
 // Precompiled for every translation unit of the library: ATen is most of our compile time.
 #pragma once
 #include <ATen/ATen.h>
+#include <torch/script.h>
 #include <fmt/format.h>
 #include <mpi.h>
 

@@ -11,11 +11,9 @@ using Runner = std::function<int()>;
 
 Runner add_validate(CLI::App& app);
 Runner add_bench_comm(CLI::App& app);
-
-// Whether the selected subcommand needs MPI initialised (validate does not: it runs anywhere).
-struct Needs {
-  bool mpi = false;
-};
+Runner add_train(CLI::App& app);
+Runner add_prepare_data(CLI::App& app);
+Runner add_plot(CLI::App& app);
 
 // Loads the config named by -c (or the embedded default) with the overrides.
 struct ConfigArgs {

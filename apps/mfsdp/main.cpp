@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "comm/mpi_env.h"
+#include "train/system.h"
 #include "util/error.h"
 
 namespace {
@@ -24,6 +25,7 @@ int report_and_exit(const char* kind, const char* what, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  mfsdp::maybe_reexec_for_blas(argc, argv);  // before libopenblas is used: see train/system.h
   CLI::App app{"mfsdp: Megatron-FSDP-style sharded training of TorchScript models, launched by mpirun or srun"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mfsdp 0.1.0");
@@ -32,6 +34,12 @@ int main(int argc, char** argv) {
   runners[validate] = {mfsdp::cli::add_validate(*validate), false};
   auto* bench = app.add_subcommand("bench-comm", "Measure all_gather / reduce_scatter / all_reduce bus bandwidth per mesh group");
   runners[bench] = {mfsdp::cli::add_bench_comm(*bench), true};
+  auto* train = app.add_subcommand("train", "Train a TorchScript model (launch with mpirun -np N or srun)");
+  runners[train] = {mfsdp::cli::add_train(*train), true};
+  auto* prep = app.add_subcommand("prepare-data", "Turn text files into a Megatron indexed dataset (.bin + .idx)");
+  runners[prep] = {mfsdp::cli::add_prepare_data(*prep), false};
+  auto* plot = app.add_subcommand("plot", "Draw a run's loss curves (metrics.jsonl) as SVG");
+  runners[plot] = {mfsdp::cli::add_plot(*plot), false};
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,64 @@
+// mpirun -np N mfsdp train [-c FILE] [key.path=value ...]
+// mfsdp prepare-data --input FILE... --output PREFIX [--split-lines] [--tokenizer-model M]
+// mfsdp plot RUN_DIR [-o FILE]
+#include <cstdio>
+
+#include "commands.h"
+#include "comm/mpi_env.h"
+#include "config/config.h"
+#include "data/prepare.h"
+#include "train/metrics.h"
+#include "train/trainer.h"
+
+namespace mfsdp::cli {
+
+Runner add_train(CLI::App& cmd) {
+  auto args = std::make_shared<ConfigArgs>();
+  args->add_to(cmd);
+  return [args]() {
+    Config cfg = args->file.empty() ? load_config_string(embedded_default_config(), "<embedded default>", args->overrides)
+                                    : load_config_file(args->file, args->overrides);
+    TrainResult r = train(cfg);
+    if (MpiEnv::world_rank() == 0) {
+      std::printf("done: %lld steps, final loss %.4f%s; run directory %s (metrics.jsonl, config.yaml)\n",
+                  (long long)r.steps, r.last_loss,
+                  r.last_val_loss ? (", validation loss " + std::to_string(*r.last_val_loss)).c_str() : "",
+                  cfg.run_dir.c_str());
+    }
+    return 0;
+  };
+}
+
+Runner add_prepare_data(CLI::App& cmd) {
+  auto o = std::make_shared<PrepareOptions>();
+  auto no_eod = std::make_shared<bool>(false);
+  cmd.add_option("-i,--input", o->inputs, "Text files (one document each, or one per line with --split-lines); - is stdin")
+      ->required();
+  cmd.add_option("-o,--output", o->output_prefix, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
+  cmd.add_flag("--split-lines", o->split_lines, "One document per non-empty line");
+  cmd.add_option("--tokenizer-model", o->tokenizer_model, "SentencePiece .model (default: built-in byte-level tokenizer)");
+  cmd.add_flag("--no-eod", *no_eod, "Do not append the end-of-document token");
+  return [o, no_eod]() {
+    o->append_eod = !*no_eod;
+    PrepareResult r = prepare_data(*o);
+    std::printf("wrote %s.bin and %s.idx: %lld documents, %lld tokens, tokenizer %s, vocabulary %lld\n",
+                o->output_prefix.c_str(), o->output_prefix.c_str(), (long long)r.documents, (long long)r.tokens,
+                r.tokenizer.c_str(), (long long)r.vocab_size);
+    return 0;
+  };
+}
+
+Runner add_plot(CLI::App& cmd) {
+  auto run_dir = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  cmd.add_option("run_dir", *run_dir, "Run directory holding metrics.jsonl")->required();
+  cmd.add_option("-o,--output", *out, "SVG file to write (default: RUN_DIR/loss.svg)");
+  return [run_dir, out]() {
+    std::string path = out->empty() ? *run_dir + "/loss.svg" : *out;
+    int n = plot_metrics(*run_dir, path);
+    std::printf("wrote %s (%d points)\n", path.c_str(), n);
+    return 0;
+  };
+}
+
+}  // namespace mfsdp::cli

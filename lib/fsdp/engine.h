@@ -1,0 +1,42 @@
+// The parallel engine: what the training loop asks of the data-parallel machinery, whatever the
+// zero_dp_strategy. It owns main weights and main gradients, reduces gradients across the
+// data-parallel group as they become ready in backward, and hands the optimizer its slots.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "optim/optimizer.h"
+
+namespace mfsdp {
+
+class Model;
+class ProcessGroups;
+
+class ParallelEngine {
+ public:
+  virtual ~ParallelEngine() = default;
+  // Zeroes the main gradients before the first micro-batch of a step.
+  virtual void start_step() = 0;
+  // Before each micro-batch's backward: whether it is the last of the step (gradients are reduced
+  // across data-parallel ranks only then, as Megatron does when accumulating).
+  virtual void start_micro_batch(bool last) = 0;
+  // After the last backward: waits for every reduction, then multiplies the gradients by `scale`.
+  virtual void finish_grad_sync(double scale) = 0;
+  // Global L2 norm of the main gradients, every element counted once across the job.
+  virtual double grad_norm() = 0;
+  virtual void scale_grads(double s) = 0;
+  // Names of parameters whose gradient holds a NaN or Inf (this rank's part).
+  virtual std::vector<std::string> nonfinite_grads() = 0;
+  virtual std::vector<OptimSlot>& slots() = 0;
+  // Copies the updated main weights into the model's compute weights.
+  virtual void install_weights() = 0;
+  // One line about buckets and memory, for the start-up log.
+  virtual std::string describe() const = 0;
+};
+
+// Chooses the engine for the config and mesh; the model's units must already be found.
+std::unique_ptr<ParallelEngine> make_engine(Model& model, const Config& cfg, ProcessGroups& pg);
+
+}  // namespace mfsdp

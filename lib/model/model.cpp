@@ -1,0 +1,206 @@
+#include "model/model.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <regex>
+#include <set>
+
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace mfsdp {
+
+std::string qualified_class_name(const torch::jit::Module& m) {
+  std::string q = m.type()->name() ? m.type()->name()->qualifiedName() : std::string("?");
+  // Traced modules get a mangled type per instance: drop the mangling namespace.
+  static const std::regex mangle(R"(___torch_mangle_\d+\.)");
+  q = std::regex_replace(q, mangle, "");
+  return q;
+}
+
+std::string unqualified_class_name(const torch::jit::Module& m) {
+  std::string q = qualified_class_name(m);
+  auto dot = q.rfind('.');
+  return dot == std::string::npos ? q : q.substr(dot + 1);
+}
+
+namespace {
+void set_param(torch::jit::Module root, const std::string& dotted, const at::Tensor& t) {
+  auto parts = split(dotted, '.');
+  torch::jit::Module owner = root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) owner = owner.attr(parts[i]).toModule();
+  owner.register_parameter(parts.back(), t, /*is_buffer=*/false);
+}
+}  // namespace
+
+Model Model::load(const std::string& path) {
+  Model m;
+  m.path_ = path;
+  try {
+    m.module_ = torch::jit::load(path, at::kCPU);
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    throw UserError(path + ": cannot load this TorchScript model (model.path): " + what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {
+    throw UserError(path + ": cannot load this TorchScript model (model.path): " + e.what());
+  }
+  if (!m.module_.find_method("forward"))
+    throw UserError(path + ": the TorchScript module has no forward method");
+  // Unique parameters: tensors that share storage (tied weights) become one parameter, and every
+  // alias attribute is pointed at the same tensor so that autograd accumulates one gradient.
+  std::map<std::tuple<const void*, std::vector<int64_t>>, int> seen;
+  for (const auto& np : m.module_.named_parameters(/*recurse=*/true)) {
+    at::Tensor t = np.value;
+    auto key = std::make_tuple(static_cast<const void*>(t.data_ptr()), t.sizes().vec());
+    auto it = seen.find(key);
+    if (it != seen.end()) {
+      m.params_[it->second].aliases.push_back(np.name);
+      continue;
+    }
+    seen[key] = static_cast<int>(m.params_.size());
+    t.set_requires_grad(t.is_floating_point());
+    m.params_.push_back({np.name, {}, t, -1});
+  }
+  if (m.params_.empty()) throw UserError(path + ": the model has no parameters to train");
+  for (auto& p : m.params_)
+    for (const auto& alias : p.aliases) set_param(m.module_, alias, p.tensor);
+  return m;
+}
+
+at::Tensor Model::forward(const at::Tensor& tokens, const at::Tensor& position_ids) {
+  c10::IValue out = module_.forward({tokens, position_ids});
+  if (!out.isTensor())
+    throw UserError(path_ + ": forward must return the logits tensor [B, T, V] (model contract), got " +
+                    out.tagKind());
+  return out.toTensor();
+}
+
+void Model::cast(at::ScalarType dtype) {
+  // Parameters only: buffers such as rotary frequencies keep their precision.
+  for (auto& p : params_) {
+    if (!p.tensor.is_floating_point() || p.tensor.scalar_type() == dtype) continue;
+    p.tensor = p.tensor.detach().to(dtype).set_requires_grad(true);
+    set_param(module_, p.name, p.tensor);
+    for (const auto& alias : p.aliases) set_param(module_, alias, p.tensor);
+  }
+}
+
+int64_t Model::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : params_) n += p.tensor.numel();
+  return n;
+}
+
+int64_t Model::num_embedding_params() const {
+  int64_t n = 0;
+  std::set<std::string> emb_prefixes;
+  for (const auto& nm : module_.named_modules())
+    if (unqualified_class_name(nm.value) == "Embedding") emb_prefixes.insert(nm.name + ".");
+  for (const auto& p : params_) {
+    bool is_emb = false;
+    for (const auto& name : [&] { auto v = p.aliases; v.push_back(p.name); return v; }())
+      for (const auto& pre : emb_prefixes)
+        if (name.rfind(pre, 0) == 0) is_emb = true;
+    if (is_emb) n += p.tensor.numel();
+  }
+  return n;
+}
+
+int64_t Model::hidden_size() const {
+  for (const auto& nm : module_.named_modules())
+    if (unqualified_class_name(nm.value) == "Embedding")
+      for (const auto& p : nm.value.named_parameters(false)) return p.value.size(1);
+  // No embedding table: the width of the last weight matrix's input.
+  for (auto it = params_.rbegin(); it != params_.rend(); ++it)
+    if (it->tensor.dim() == 2) return it->tensor.size(1);
+  return 0;
+}
+
+std::string Model::module_tree() const {
+  std::string out;
+  for (const auto& nm : module_.named_modules()) {
+    if (nm.name.empty()) {
+      out += "  (root) " + qualified_class_name(nm.value) + "\n";
+      continue;
+    }
+    size_t depth = std::count(nm.name.begin(), nm.name.end(), '.') + 1;
+    out += std::string(2 * depth + 2, ' ') + nm.name + " : " + unqualified_class_name(nm.value) + "\n";
+  }
+  return out;
+}
+
+std::string Model::find_units(const std::optional<std::vector<std::string>>& patterns, const std::string& where) {
+  std::vector<std::pair<std::string, std::string>> chosen;  // path, class
+  const auto modules = module_.named_modules();
+  if (patterns) {
+    for (const auto& nm : modules) {
+      if (nm.name.empty()) continue;
+      bool inside = false;  // outermost match wins
+      for (const auto& c : chosen)
+        if (nm.name.rfind(c.first + ".", 0) == 0) inside = true;
+      if (inside) continue;
+      const std::string cls = unqualified_class_name(nm.value), qcls = qualified_class_name(nm.value);
+      for (const auto& pat : *patterns) {
+        bool class_match = pat == cls || pat == qcls || (qcls.size() > pat.size() && qcls.compare(qcls.size() - pat.size(), pat.size(), pat) == 0 && qcls[qcls.size() - pat.size() - 1] == '.');
+        if (class_match || glob_match(pat, nm.name)) {
+          chosen.emplace_back(nm.name, cls);
+          break;
+        }
+      }
+    }
+    if (chosen.empty())
+      throw ConfigError(where + ": distributed.megatron_fsdp_unit_modules: [" + join(*patterns, ", ") +
+                        "] matches no module of " + path_ + " (give class names such as Block, qualified names such "
+                        "as __torch__.model.Block, or module-path globs such as blocks.*). The model's modules:\n" +
+                        module_tree());
+  } else {
+    // Auto: among the children of every module, group by class; the largest group of repeated
+    // siblings (ties: the one holding more parameters) is the set of units.
+    size_t best_count = 1;
+    int64_t best_params = -1;
+    for (const auto& nm : modules) {
+      std::map<std::string, std::vector<std::string>> by_class;
+      for (const auto& child : nm.value.named_children())
+        by_class[unqualified_class_name(child.value)].push_back(nm.name.empty() ? child.name : nm.name + "." + child.name);
+      for (const auto& [cls, paths] : by_class) {
+        if (paths.size() < 2) continue;
+        int64_t nparams = 0;
+        for (const auto& p : params_)
+          for (const auto& path : paths)
+            if (p.name.rfind(path + ".", 0) == 0) nparams += p.tensor.numel();
+        if (paths.size() > best_count || (paths.size() == best_count && nparams > best_params)) {
+          best_count = paths.size();
+          best_params = nparams;
+          chosen.clear();
+          for (const auto& path : paths) chosen.emplace_back(path, cls);
+        }
+      }
+    }
+  }
+  units_.clear();
+  for (const auto& [path, cls] : chosen) units_.push_back({path, cls, {}});
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].unit = -1;
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (params_[i].name.rfind(units_[u].path + ".", 0) == 0) {
+        params_[i].unit = static_cast<int>(u);
+        units_[u].params.push_back(static_cast<int>(i));
+        break;
+      }
+  }
+  // A unit with no parameters of its own (all tied elsewhere) has nothing to shard: drop it.
+  std::vector<ModelUnit> kept;
+  for (auto& u : units_)
+    if (!u.params.empty()) kept.push_back(u);
+  units_ = kept;
+  for (auto& p : params_) p.unit = -1;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (int pi : units_[u].params) params_[pi].unit = static_cast<int>(u);
+  if (units_.empty())
+    return "no repeated sibling modules: the whole model is one unit (set distributed.megatron_fsdp_unit_modules)";
+  return fmt::format("{} units of class {} ({}{}){}", units_.size(), units_.front().class_name, units_.front().path,
+                     units_.size() > 1 ? " .. " + units_.back().path : "", patterns ? "" : ", auto-detected");
+}
+
+}  // namespace mfsdp

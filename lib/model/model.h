@@ -1,0 +1,66 @@
+// A loaded TorchScript model: its unique parameters (tied weights once), its FSDP unit modules,
+// and the forward call of the model contract: forward(tokens [B,T], position_ids [B,T]) -> logits.
+#pragma once
+#include <torch/script.h>
+
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace mfsdp {
+
+struct ModelParam {
+  std::string name;                 // first name in named_parameters order ("blocks.0.attn.c_attn.weight")
+  std::vector<std::string> aliases;  // other names of the same tensor (tied weights)
+  at::Tensor tensor;                // the parameter (a leaf that requires grad)
+  int unit = -1;                    // index into units, or -1 for parameters outside every unit
+};
+
+struct ModelUnit {
+  std::string path;        // module path ("blocks.3")
+  std::string class_name;  // unqualified TorchScript class ("Block")
+  std::vector<int> params;  // indices into Model::params
+};
+
+class Model {
+ public:
+  // Loads `path`; errors name the file. Parameters sharing storage become one parameter.
+  static Model load(const std::string& path);
+
+  torch::jit::Module& module() { return module_; }
+  const std::vector<ModelParam>& params() const { return params_; }
+  std::vector<ModelParam>& params() { return params_; }
+  const std::vector<ModelUnit>& units() const { return units_; }
+  const std::string& path() const { return path_; }
+
+  // Chooses the FSDP units: `patterns` (class names, qualified class names or module-path globs,
+  // outermost match wins) or, when null, the largest set of repeated sibling modules. Throws a
+  // ConfigError listing the module tree when nothing matches. Returns a one-line description.
+  std::string find_units(const std::optional<std::vector<std::string>>& patterns, const std::string& where);
+
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& position_ids);
+  void train(bool on) { module_.train(on); }
+  // Casts every floating parameter (and buffer) to `dtype` in place of the old tensors.
+  void cast(at::ScalarType dtype);
+
+  // Parameter counts for FLOP estimates: all, and without embedding tables (Embedding modules).
+  int64_t num_params() const;
+  int64_t num_embedding_params() const;
+  // Width of the model (the embedding dimension) and the number of units (layers).
+  int64_t hidden_size() const;
+  std::string module_tree() const;
+
+ private:
+  torch::jit::Module module_;
+  std::string path_;
+  std::vector<ModelParam> params_;
+  std::vector<ModelUnit> units_;
+};
+
+// "__torch__.___torch_mangle_3.Block" -> "Block"; "__torch__.model.Block" -> "model.Block" kept
+// for qualified matching by qualified_class_name().
+std::string unqualified_class_name(const torch::jit::Module& m);
+std::string qualified_class_name(const torch::jit::Module& m);
+
+}  // namespace mfsdp

@@ -1,0 +1,137 @@
+#include "optim/optimizer.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "util/error.h"
+
+namespace mfsdp {
+namespace {
+
+// Updates run in fp32: on the weight itself when it is fp32, else on an fp32 copy rounded back.
+template <class F>
+void update_fp32(at::Tensor& weight, F&& body) {
+  if (weight.scalar_type() == at::kFloat) {
+    body(weight);
+  } else {
+    at::Tensor w32 = weight.to(at::kFloat);
+    body(w32);
+    weight.copy_(w32);
+  }
+}
+
+class Adam final : public Optimizer {
+ public:
+  Adam(const OptimizerConfig& c, bool decoupled) : c_(c), decoupled_(decoupled) {}
+  void step(std::vector<OptimSlot>& slots, double lr) override {
+    if (m_.empty()) {
+      for (auto& s : slots) {
+        m_.push_back(at::zeros_like(s.weight, at::kFloat));
+        v_.push_back(at::zeros_like(s.weight, at::kFloat));
+      }
+    }
+    ++step_;
+    const double b1 = c_.betas[0], b2 = c_.betas[1];
+    const double bc1 = 1.0 - std::pow(b1, double(step_)), bc2 = 1.0 - std::pow(b2, double(step_));
+    const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      auto& s = slots[i];
+      const double wd = s.decay ? c_.weight_decay : 0.0;
+      at::Tensor g = s.grad.scalar_type() == at::kFloat ? s.grad : s.grad.to(at::kFloat);
+      update_fp32(s.weight, [&](at::Tensor& w) {
+        if (wd != 0) {
+          if (decoupled_) w.mul_(1.0 - lr * wd);
+          else g = g.add(w, wd);
+        }
+        m_[i].lerp_(g, 1.0 - b1);
+        v_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);
+        at::Tensor denom = (v_[i].sqrt() / bc2_sqrt).add_(c_.eps);
+        w.addcdiv_(m_[i], denom, -step_size);
+      });
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> state() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (size_t i = 0; i < m_.size(); ++i) {
+      out.emplace_back("exp_avg." + std::to_string(i), m_[i]);
+      out.emplace_back("exp_avg_sq." + std::to_string(i), v_[i]);
+    }
+    return out;
+  }
+
+ private:
+  OptimizerConfig c_;
+  bool decoupled_;
+  std::vector<at::Tensor> m_, v_;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  explicit Sgd(const OptimizerConfig& c) : c_(c) {}
+  void step(std::vector<OptimSlot>& slots, double lr) override {
+    if (buf_.empty()) buf_.resize(slots.size());
+    ++step_;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      auto& s = slots[i];
+      const double wd = s.decay ? c_.weight_decay : 0.0;
+      at::Tensor g = s.grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+      update_fp32(s.weight, [&](at::Tensor& w) {
+        if (wd != 0) g.add_(w, wd);
+        if (c_.momentum != 0) {
+          if (!buf_[i].defined()) buf_[i] = g.clone();
+          else buf_[i].mul_(c_.momentum).add_(g);
+          if (c_.nesterov) g.add_(buf_[i], c_.momentum);
+          else g = buf_[i];
+        }
+        w.add_(g, -lr);
+      });
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> state() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (size_t i = 0; i < buf_.size(); ++i)
+      if (buf_[i].defined()) out.emplace_back("momentum_buffer." + std::to_string(i), buf_[i]);
+    return out;
+  }
+
+ private:
+  OptimizerConfig c_;
+  std::vector<at::Tensor> buf_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c) {
+  if (c.name == "adamw") return std::make_unique<Adam>(c, true);
+  if (c.name == "adam") return std::make_unique<Adam>(c, false);
+  if (c.name == "sgd") return std::make_unique<Sgd>(c);
+  throw UserError("optimizer.name: unknown optimizer '" + c.name + "'");
+}
+
+double learning_rate(const LrSchedulerConfig& s, double max_lr, int64_t max_steps, int64_t step) {
+  const int64_t warmup = s.warmup_steps;
+  const int64_t decay_steps = s.decay_steps ? *s.decay_steps : max_steps;
+  if (warmup > 0 && step <= warmup) return max_lr * double(step) / double(warmup);
+  if (s.name == "constant") return max_lr;
+  if (s.name == "inverse_sqrt") {
+    const double w = double(std::max<int64_t>(warmup, 1));
+    return std::max(s.min_lr, max_lr * std::sqrt(w) / std::sqrt(double(step)));
+  }
+  if (step > decay_steps) return s.min_lr;
+  const double range = max_lr - s.min_lr;
+  if (s.name == "wsd") {
+    // Warmup, stable at max_lr, then a linear decay to min_lr over the last wsd_decay_steps.
+    const int64_t wsd = s.wsd_decay_steps ? *s.wsd_decay_steps : std::max<int64_t>(1, decay_steps / 10);
+    const int64_t stable_end = decay_steps - wsd;
+    if (step <= stable_end) return max_lr;
+    return s.min_lr + range * (1.0 - double(step - stable_end) / double(wsd));
+  }
+  const double span = double(std::max<int64_t>(decay_steps - warmup, 1));
+  const double ratio = std::min(1.0, std::max(0.0, double(step - warmup) / span));
+  if (s.name == "linear") return s.min_lr + range * (1.0 - ratio);
+  if (s.name == "cosine") return s.min_lr + range * 0.5 * (1.0 + std::cos(M_PI * ratio));
+  throw UserError("lr_scheduler.name: unknown schedule '" + s.name + "'");
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,40 @@
+// Optimizers that step on (possibly sharded) fp32 main weights: AdamW, Adam (L2) and SGD with
+// momentum, with PyTorch's update formulas, so that a run matches torch.optim step for step.
+// State (moments) exists only for the slots a rank owns: with sharding, only its shard.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace mfsdp {
+
+struct OptimSlot {
+  std::string name;   // for messages and checkpoints
+  at::Tensor weight;  // main weights (updated in place); fp32, or the compute dtype without fp32 copies
+  at::Tensor grad;    // main gradients, same shape
+  bool decay = true;  // weight decay applies
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // One update with learning rate `lr`. Slots must be the same (names, shapes) at every call.
+  virtual void step(std::vector<OptimSlot>& slots, double lr) = 0;
+  int64_t steps_taken() const { return step_; }
+  // Named state tensors (for checkpoints): "exp_avg.<slot>", ...
+  virtual std::vector<std::pair<std::string, at::Tensor>> state() = 0;
+
+ protected:
+  int64_t step_ = 0;
+};
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& cfg);
+
+// Learning rate at optimizer step `step` (1-based), Megatron's OptimizerParamScheduler semantics.
+double learning_rate(const LrSchedulerConfig& s, double max_lr, int64_t max_steps, int64_t step);
+
+}  // namespace mfsdp

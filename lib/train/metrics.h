@@ -1,0 +1,38 @@
+// Per-step figures: metrics.jsonl (one JSON object per line), console lines or a progress bar,
+// and `mfsdp plot` (loss curves as SVG).
+#pragma once
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mfsdp {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double step_time_s = 0, tokens_per_s = 0, tflops_per_rank = 0, mfu = 0, peak_mem_mib = 0;
+  int64_t consumed_samples = 0;
+  std::optional<double> val_loss;
+  bool skipped = false;  // NaN/Inf gradients and the step was not applied
+};
+
+class MetricsWriter {
+ public:
+  // append: a resumed run continues the file; a fresh run starts it anew.
+  MetricsWriter(const std::string& path, bool append);
+  ~MetricsWriter();
+  void write(const StepMetrics& m);
+
+ private:
+  FILE* f_ = nullptr;
+  std::string path_;
+};
+
+std::string format_console_line(const StepMetrics& m, int64_t max_steps);
+
+// Reads <run_dir>/metrics.jsonl and writes an SVG with the training and validation loss curves.
+// Returns the number of points drawn.
+int plot_metrics(const std::string& run_dir, const std::string& out_path);
+
+}  // namespace mfsdp

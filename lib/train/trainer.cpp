@@ -1,0 +1,298 @@
+// The training loop, one optimizer step at a time:
+//   1. every micro-batch of this rank: forward, cross entropy with the loss mask, backward; the
+//      engine's hooks move each finished gradient into its bucket and, on the last micro-batch,
+//      start the bucket's reduction across data-parallel ranks while backward continues;
+//   2. wait for the reductions; normalise (per token over the global batch, or per micro-batch);
+//   3. global gradient norm, NaN check, clipping;
+//   4. optimizer step on the main weights with the scheduled learning rate; install the weights;
+//   5. metrics, evaluation, logging.
+#include "train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <torch/script.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "comm/communicator.h"
+#include "comm/mpi_env.h"
+#include "data/gpt_dataset.h"
+#include "fsdp/engine.h"
+#include "mesh/device_mesh.h"
+#include "mesh/process_groups.h"
+#include "model/model.h"
+#include "optim/optimizer.h"
+#include "train/metrics.h"
+#include "train/system.h"
+#include "util/error.h"
+
+namespace mfsdp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void make_dirs(const std::string& path) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+        throw UserError(cur + ": cannot create the run directory (run_dir): " + std::strerror(errno));
+    }
+    if (i < path.size()) cur += path[i];
+  }
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) throw UserError(tmp + ": cannot create: " + std::strerror(errno));
+  bool ok = std::fputs(text.c_str(), f) >= 0;
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) throw UserError(path + ": cannot write: " + std::strerror(errno));
+}
+
+struct LossSums {
+  double loss_sum = 0, tokens = 0;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const Config& cfg) : cfg_(cfg) {}
+
+  TrainResult run() {
+    setup();
+    TrainResult result;
+    for (int64_t step = 0; step < cfg_.training.max_steps; ++step) {
+      StepMetrics m = train_step(step);
+      const int64_t s = step + 1;
+      const bool last = s == cfg_.training.max_steps;
+      if (cfg_.training.eval_every > 0 && (s % cfg_.training.eval_every == 0 || last)) m.val_loss = evaluate();
+      if (rank0_) metrics_->write(m);
+      if (s == 1 || last || s % cfg_.training.log_every == 0 || m.val_loss) log(format_console_line(m, cfg_.training.max_steps));
+      else if (progress_) progress(s);
+      result.steps = s;
+      result.last_loss = m.loss;
+      if (m.val_loss) result.last_val_loss = m.val_loss;
+    }
+    if (progress_) std::printf("\n");
+    return result;
+  }
+
+ private:
+  void log(const std::string& line) {
+    if (rank0_ || cfg_.logging.all_ranks) {
+      if (progress_) std::printf("\r\033[K");
+      if (cfg_.logging.all_ranks && world_ > 1) std::printf("[rank %d] %s\n", rank_, line.c_str());
+      else std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  void progress(int64_t s) {
+    if (!rank0_) return;
+    const int64_t total = cfg_.training.max_steps;
+    const double elapsed = seconds_since(start_), eta = elapsed / double(s) * double(total - s);
+    const int width = 30, filled = int(width * s / total);
+    std::printf("\r[%s%s] %lld/%lld  ETA %.0fs", std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                (long long)s, (long long)total, eta);
+    std::fflush(stdout);
+  }
+
+  void setup() {
+    rank_ = MpiEnv::world_rank();
+    world_ = MpiEnv::world_size();
+    rank0_ = rank_ == 0;
+    shape_ = resolve_mesh_shape(cfg_, world_);
+    check_batch_against_dp(cfg_, shape_.dp());
+    mesh_ = std::make_unique<DeviceMesh>(shape_, rank_);
+    pg_ = std::make_unique<ProcessGroups>(*mesh_, Backend::kMpi);
+    const std::string pfx = cfg_.logging.all_ranks && world_ > 1 ? fmt::format("[rank {}] ", rank_) : "";
+
+    // Threads: what the launcher bound us to, else an equal share of the node's cores.
+    const int online = int(sysconf(_SC_NPROCESSORS_ONLN));
+    const int mine = cores_available();
+    const int local = MpiEnv::local_size();
+    const int threads = cfg_.training.threads ? int(*cfg_.training.threads)
+                                              : std::max(1, mine < online ? mine : mine / std::max(1, local));
+    set_threads(threads);
+
+    if (rank0_) {
+      make_dirs(cfg_.run_dir);
+      write_file_atomically(cfg_.run_dir + "/config.yaml", "# resolved config of this run (source: " + cfg_.source +
+                                                               ")\n" + to_yaml(cfg_));
+    }
+    log(fmt::format("mfsdp train: {} ranks, {}, {} threads per rank, {}", world_,
+                    fmt::format("mesh dp_replicate {} x dp_shard {} x cp {} x tp {}", shape_.dp_replicate, shape_.dp_shard,
+                                shape_.cp, shape_.tp),
+                    threads, blas_description()));
+
+    model_ = std::make_unique<Model>(Model::load(cfg_.model.path));
+    const std::string units = model_->find_units(cfg_.distributed.megatron_fsdp_unit_modules,
+                                                 cfg_.where("distributed.megatron_fsdp_unit_modules"));
+    const bool bf16 = cfg_.model.compute_dtype == "bf16";
+    if (bf16) model_->cast(at::kBFloat16);
+    model_->train(true);
+    n_params_ = model_->num_params();
+    const int64_t n_dense = n_params_ - model_->num_embedding_params();
+    const int64_t L = std::max<int64_t>(1, int64_t(model_->units().size()));
+    flops_per_token_ = 6.0 * double(n_dense) + 6.0 * double(L) * double(cfg_.training.seq_length) * double(model_->hidden_size());
+    log(fmt::format("model {}: {} parameters ({} outside embeddings), {}; compute {}", cfg_.model.path, n_params_, n_dense,
+                    units, cfg_.model.compute_dtype));
+
+    engine_ = make_engine(*model_, cfg_, *pg_);
+    log(engine_->describe());
+    optimizer_ = make_optimizer(cfg_.optimizer);
+
+    const int64_t dp_rank = mesh_->group_rank(MeshGroup::kDp);
+    data_ = std::make_unique<DataPipeline>(cfg_, dp_rank, shape_.dp());
+    log("data: " + data_->describe());
+    accum_ = grad_accum_steps(cfg_, shape_.dp());
+    log(fmt::format("batch: global {} = micro {} x dp {} x accumulation {}; seq_length {}; {} tokens per step",
+                    cfg_.training.global_batch_size, cfg_.training.micro_batch_size, shape_.dp(), accum_,
+                    cfg_.training.seq_length, cfg_.training.global_batch_size * cfg_.training.seq_length));
+
+    if (cfg_.logging.peak_tflops) {
+      peak_tflops_ = *cfg_.logging.peak_tflops;
+      log(fmt::format("MFU against a peak of {:.3f} TFLOP/s per rank (logging.peak_tflops)", peak_tflops_));
+    } else {
+      pg_->get(MeshGroup::kWorld).barrier();  // every rank measures at once: they share the cores
+      at::Tensor p = at::full({1}, measure_peak_tflops(bf16), at::kDouble);
+      pg_->get(MeshGroup::kWorld).all_reduce(p, ReduceOp::kAvg);
+      peak_tflops_ = p.item<double>();
+      log(fmt::format("MFU against a measured peak of {:.3f} TFLOP/s per rank ({} matmul, {} threads, all ranks at once)",
+                      peak_tflops_, bf16 ? "bf16" : "fp32", threads));
+    }
+    if (rank0_) metrics_ = std::make_unique<MetricsWriter>(cfg_.run_dir + "/metrics.jsonl", /*append=*/false);
+    progress_ = rank0_ && cfg_.logging.progress != "off" && (cfg_.logging.progress == "on" || isatty(1));
+    start_ = Clock::now();
+  }
+
+  // Cross entropy of one micro-batch: returns (sum of masked token losses, masked tokens) and,
+  // when `backward`, runs backward on the normalised objective.
+  LossSums micro_batch(const Batch& b, bool backward) {
+    at::Tensor logits = model_->forward(b.tokens, b.position_ids);
+    if (logits.dim() != 3 || logits.size(0) != b.tokens.size(0) || logits.size(1) != b.tokens.size(1))
+      throw UserError(fmt::format("{}: forward returned logits of shape {}, expected [batch {}, seq {}, vocab] "
+                                  "(model contract)",
+                                  cfg_.model.path, fmt::join(logits.sizes(), "x"), b.tokens.size(0), b.tokens.size(1)));
+    const int64_t V = logits.size(2);
+    if (data_->max_token_seen() >= V)
+      throw UserError(fmt::format("data: token id {} does not fit the model's vocabulary of {} ({}): the dataset was "
+                                  "made with a larger vocabulary than the model",
+                                  data_->max_token_seen(), V, cfg_.model.path));
+    at::Tensor ce = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, V}), b.targets.reshape({-1}), {},
+                                           at::Reduction::None);
+    at::Tensor mask = b.loss_mask.reshape({-1});
+    at::Tensor masked_sum = (ce * mask).sum();
+    LossSums out{masked_sum.item<double>(), mask.sum().item<double>()};
+    if (backward) {
+      // calculate_per_token_loss: sum now, divide by the global token count after the reduction.
+      // Otherwise: this micro-batch's mean, averaged over micro-batches (and over dp by the engine).
+      at::Tensor objective = cfg_.distributed.calculate_per_token_loss
+                                 ? masked_sum
+                                 : masked_sum / std::max(1.0, out.tokens) / double(accum_);
+      objective.backward();
+    }
+    return out;
+  }
+
+  StepMetrics train_step(int64_t step) {
+    const auto t0 = Clock::now();
+    engine_->start_step();
+    LossSums sums;
+    for (int64_t k = 0; k < accum_; ++k) {
+      Batch b = data_->train_batch(step, k);
+      engine_->start_micro_batch(k == accum_ - 1);
+      LossSums s = micro_batch(b, true);
+      sums.loss_sum += s.loss_sum;
+      sums.tokens += s.tokens;
+    }
+    // Loss and token count over the global batch (data-parallel ranks hold disjoint samples).
+    at::Tensor stats = at::tensor({sums.loss_sum, sums.tokens}, at::kDouble);
+    pg_->get(MeshGroup::kDp).all_reduce(stats, ReduceOp::kSum);
+    const double global_tokens = stats[1].item<double>();
+    engine_->finish_grad_sync(cfg_.distributed.calculate_per_token_loss ? 1.0 / std::max(1.0, global_tokens) : 1.0);
+
+    StepMetrics m;
+    m.step = step + 1;
+    m.loss = stats[0].item<double>() / std::max(1.0, global_tokens);
+    m.grad_norm = engine_->grad_norm();
+    if (!std::isfinite(m.grad_norm)) {
+      std::string names;
+      if (cfg_.distributed.report_nan_in_param_grad) {
+        auto bad = engine_->nonfinite_grads();
+        names = fmt::format("; parameters with NaN/Inf gradients on rank {}: {}", rank_, fmt::join(bad, ", "));
+      }
+      if (cfg_.distributed.check_for_nan_in_grad)
+        throw UserError(fmt::format("step {}: the gradient norm is {} (NaN or Inf in gradients; loss {}){} "
+                                    "(distributed.check_for_nan_in_grad)",
+                                    m.step, m.grad_norm, m.loss, names));
+      if (!names.empty()) log("warning: " + names.substr(2));
+    }
+    if (cfg_.training.clip_grad > 0) {
+      const double coeff = cfg_.training.clip_grad / (m.grad_norm + 1e-6);
+      if (coeff < 1.0) engine_->scale_grads(coeff);
+    }
+    m.lr = learning_rate(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.max_steps, m.step);
+    {
+      at::NoGradGuard ng;
+      optimizer_->step(engine_->slots(), m.lr);
+      engine_->install_weights();
+    }
+    m.step_time_s = seconds_since(t0);
+    const double tokens = double(cfg_.training.global_batch_size * cfg_.training.seq_length);
+    m.tokens_per_s = tokens / m.step_time_s;
+    m.tflops_per_rank = flops_per_token_ * tokens / m.step_time_s / world_ / 1e12;
+    m.mfu = m.tflops_per_rank / peak_tflops_;
+    m.peak_mem_mib = peak_memory_mib();
+    m.consumed_samples = m.step * cfg_.training.global_batch_size;
+    return m;
+  }
+
+  double evaluate() {
+    if (!data_->has_valid()) return NAN;
+    at::NoGradGuard ng;
+    model_->train(false);
+    LossSums sums;
+    for (int64_t it = 0; it < cfg_.training.eval_iters; ++it)
+      for (int64_t k = 0; k < accum_; ++k) {
+        LossSums s = micro_batch(data_->valid_batch(it, k), false);
+        sums.loss_sum += s.loss_sum;
+        sums.tokens += s.tokens;
+      }
+    model_->train(true);
+    at::Tensor stats = at::tensor({sums.loss_sum, sums.tokens}, at::kDouble);
+    pg_->get(MeshGroup::kDp).all_reduce(stats, ReduceOp::kSum);
+    return stats[0].item<double>() / std::max(1.0, stats[1].item<double>());
+  }
+
+  const Config& cfg_;
+  int rank_ = 0, world_ = 1;
+  bool rank0_ = true, progress_ = false;
+  MeshShape shape_;
+  std::unique_ptr<DeviceMesh> mesh_;
+  std::unique_ptr<ProcessGroups> pg_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ParallelEngine> engine_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<DataPipeline> data_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  int64_t accum_ = 1, n_params_ = 0;
+  double flops_per_token_ = 0, peak_tflops_ = 1;
+  Clock::time_point start_;
+};
+
+}  // namespace
+
+TrainResult train(const Config& cfg) {
+  Trainer t(cfg);
+  return t.run();
+}
+
+}  // namespace mfsdp
