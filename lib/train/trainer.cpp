@@ -169,7 +169,11 @@ class Trainer {
                       peak_tflops_, bf16 ? "bf16" : "fp32", threads));
     }
     if (rank0_) metrics_ = std::make_unique<MetricsWriter>(cfg_.run_dir + "/metrics.jsonl", /*append=*/false);
-    progress_ = rank0_ && cfg_.logging.progress != "off" && (cfg_.logging.progress == "on" || isatty(1));
+    // auto: a bar only on a terminal of our own; under mpirun/srun a rank's stdout may be a pty that
+    // the launcher forwards into a file or pipe, so launched jobs print plain lines.
+    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_PROCID");
+    progress_ = rank0_ && cfg_.logging.progress != "off" &&
+                (cfg_.logging.progress == "on" || (isatty(1) && !launched));
     start_ = Clock::now();
   }
 

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Test fixture: small real data (license texts every Debian machine has) and small models,
+# exported with Debian's python3-torch. Usage: fixture.sh MFSDP_BIN OUT_DIR
+set -euo pipefail
+bin=$1 out=$2
+mkdir -p "$out"
+cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/LGPL-3 \
+    /usr/share/common-licenses/MPL-2.0 > "$out/licenses.txt"
+"$bin" prepare-data -i "$out/licenses.txt" -o "$out/licenses" --split-lines
+here=$(cd "$(dirname "$0")/../.." && pwd)
+export_model() { /usr/bin/python3 "$here/scripts/export_model.py" "$@"; }
+export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --out "$out/gpt.pt"
+export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --trace --out "$out/gpt_traced.pt"
+export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --untied --out "$out/gpt_untied.pt"
+export_model --arch llama --layers 2 --d-model 64 --heads 4 --kv-heads 2 --vocab 264 --out "$out/llama.pt"
+cat > "$out/base.yaml" <<YAML
+# The parity tests' experiment: 20 steps, fp32, global batch 16 in micro-batches of 2.
+run_dir: $out/run
+model: {path: $out/gpt.pt}
+distributed: {zero_dp_strategy: no_shard}
+data: {train: $out/licenses, valid_fraction: 0.05}
+training: {max_steps: 20, global_batch_size: 16, micro_batch_size: 2, seq_length: 32, log_every: 100, threads: 1}
+optimizer: {lr: 0.003}
+lr_scheduler: {warmup_steps: 3}
+logging: {peak_tflops: 1.0}
+YAML
+echo "fixture ready in $out"
