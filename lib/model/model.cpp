@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <fmt/format.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <map>
 #include <regex>
@@ -35,6 +36,12 @@ void set_param(torch::jit::Module root, const std::string& dotted, const at::Ten
 }  // namespace
 
 Model Model::load(const std::string& path) {
+  if (const char* mode = std::getenv("MFSDP_JIT_EXECUTOR")) {  // measurement knob (bench/)
+    std::string v = mode;
+    if (v == "simple") { torch::jit::getProfilingMode() = false; torch::jit::getExecutorMode() = false; }
+    if (v == "legacy") { torch::jit::getProfilingMode() = false; }
+    if (v == "noopt") torch::jit::setGraphExecutorOptimize(false);
+  }
   Model m;
   m.path_ = path;
   try {

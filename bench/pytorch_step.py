@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""PyTorch's own step time for the model mfsdp trains, on the same data (the side-by-side
+reference for bench/train_step.sh). One process, or DDP (gloo) over --procs processes.
+
+    /usr/bin/python3 bench/pytorch_step.py --model-args "..." --data PREFIX --micro 8 --seq 128 --steps 25
+Prints one line: "median_ms <x>" (median of the steps after the first 5).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+import export_model  # noqa: E402
+
+
+def windows(prefix, seq, count, offset):
+    """seq+1-token windows from a Megatron .bin (uint16), consecutive, like an unshuffled sampler."""
+    data = np.memmap(prefix + ".bin", dtype=np.uint16, mode="r")
+    out = np.stack([data[(offset + i) * seq:(offset + i) * seq + seq + 1] for i in range(count)]).astype(np.int64)
+    return torch.from_numpy(out)
+
+
+def worker(rank, a):
+    torch.set_num_threads(a.threads)
+    if a.procs > 1:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        dist.init_process_group("gloo", rank=rank, world_size=a.procs)
+    torch.manual_seed(1234)
+    if a.jit:
+        model = torch.jit.load(a.jit)  # the very file mfsdp trains
+        model.train()
+    else:
+        margs = export_model.argparse.Namespace(**{**vars(export_model_defaults()), **parse_kv(a.model_args)})
+        model = export_model.build(margs)
+    if a.procs > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
+    pos = torch.arange(a.seq).unsqueeze(0).expand(a.micro, a.seq)
+    times = []
+    for step in range(a.steps):
+        w = windows(a.data, a.seq, a.micro, (step * a.procs + rank) * a.micro)
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            logits = model(w[:, :-1], pos)
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        print(f"median_ms {1000 * statistics.median(times[5:]):.1f}")
+    if a.procs > 1:
+        dist.destroy_process_group()
+
+
+def export_model_defaults():
+    ap = argparse.Namespace(arch="gpt", layers=4, d_model=256, heads=4, kv_heads=0, ffn_hidden=0, vocab=264,
+                            max_seq=128, rope_theta=10000.0, untied=False, tied=False)
+    return ap
+
+
+def parse_kv(s):
+    out = {}
+    for item in s.split():
+        k, v = item.split("=")
+        out[k] = int(v) if v.isdigit() else v
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-args", default="")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--micro", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--procs", type=int, default=1)
+    ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--jit", help="train this TorchScript file instead of the eager model")
+    a = ap.parse_args()
+    if a.procs > 1:
+        mp.spawn(worker, args=(a,), nprocs=a.procs)
+    else:
+        worker(0, a)
+
+
+if __name__ == "__main__":
+    main()
