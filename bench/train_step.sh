@@ -11,7 +11,7 @@ OUT=bench/results_train_step.md
 W=$(mktemp -d)
 DATA=runs/demo/data/kjv
 [ -f "$DATA.idx" ] || { echo "run scripts/demo.sh first (it prepares $DATA)"; exit 1; }
-MPIRUN=(mpirun --oversubscribe --allow-run-as-root)
+MPIRUN=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 # Both sides get the BLAS set-up mfsdp's launcher chooses on AVX-512 CPUs, so that the comparison is
 # of the trainers, not of the BLAS kernels.
 if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SKYLAKEX OMP_WAIT_POLICY=PASSIVE; fi

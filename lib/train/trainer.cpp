@@ -121,6 +121,10 @@ class Trainer {
     const int threads = cfg_.training.threads ? int(*cfg_.training.threads)
                                               : std::max(1, mine < online ? mine : mine / std::max(1, local));
     set_threads(threads);
+    if (threads > mine)
+      log(fmt::format("warning: training.threads={} but rank {} may run on only {} core(s) (the launcher bound it); "
+                      "use mpirun --bind-to none or --map-by slot:PE={}, or srun --cpus-per-task={}",
+                      threads, rank_, mine, threads, threads));
 
     if (rank0_) {
       make_dirs(cfg_.run_dir);
@@ -137,6 +141,7 @@ class Trainer {
                                                  cfg_.where("distributed.megatron_fsdp_unit_modules"));
     const bool bf16 = cfg_.model.compute_dtype == "bf16";
     if (bf16) model_->cast(at::kBFloat16);
+    vocab_ = probe_vocabulary();
     model_->train(true);
     n_params_ = model_->num_params();
     const int64_t n_dense = n_params_ - model_->num_embedding_params();
@@ -177,19 +182,42 @@ class Trainer {
     start_ = Clock::now();
   }
 
+  // One tiny forward before training: checks the model contract (forward(tokens, position_ids) ->
+  // [B, T, V] logits) with a clear message, and learns V so that batches can be checked first.
+  int64_t probe_vocabulary() {
+    at::NoGradGuard ng;
+    model_->train(false);
+    at::Tensor tokens = at::zeros({1, 2}, at::kLong), pos = at::arange(2, at::kLong).unsqueeze(0);
+    at::Tensor logits;
+    try {
+      logits = model_->forward(tokens, pos);
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      throw UserError(cfg_.model.path + ": forward(tokens [1, 2], position_ids [1, 2]) failed; the model must follow "
+                      "the contract forward(tokens: int64 [B, T], position_ids: int64 [B, T]) -> logits [B, T, V]: " +
+                      what.substr(0, what.find('\n')));
+    }
+    if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != 2 || !logits.is_floating_point())
+      throw UserError(fmt::format("{}: forward returned a tensor of shape [{}] and dtype {}; the model contract is "
+                                  "floating-point logits [B, T, V]",
+                                  cfg_.model.path, fmt::join(logits.sizes(), ", "), c10::toString(logits.scalar_type())));
+    return logits.size(2);
+  }
+
   // Cross entropy of one micro-batch: returns (sum of masked token losses, masked tokens) and,
   // when `backward`, runs backward on the normalised objective.
   LossSums micro_batch(const Batch& b, bool backward) {
+    const int64_t max_token = b.tokens.max().item<int64_t>();
+    if (std::max(max_token, b.targets.max().item<int64_t>()) >= vocab_)
+      throw UserError(fmt::format("data: token id {} does not fit the model's vocabulary of {} ({}): the dataset was "
+                                  "made with a larger vocabulary than the model",
+                                  std::max(max_token, b.targets.max().item<int64_t>()), vocab_, cfg_.model.path));
     at::Tensor logits = model_->forward(b.tokens, b.position_ids);
     if (logits.dim() != 3 || logits.size(0) != b.tokens.size(0) || logits.size(1) != b.tokens.size(1))
       throw UserError(fmt::format("{}: forward returned logits of shape {}, expected [batch {}, seq {}, vocab] "
                                   "(model contract)",
                                   cfg_.model.path, fmt::join(logits.sizes(), "x"), b.tokens.size(0), b.tokens.size(1)));
     const int64_t V = logits.size(2);
-    if (data_->max_token_seen() >= V)
-      throw UserError(fmt::format("data: token id {} does not fit the model's vocabulary of {} ({}): the dataset was "
-                                  "made with a larger vocabulary than the model",
-                                  data_->max_token_seen(), V, cfg_.model.path));
     at::Tensor ce = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, V}), b.targets.reshape({-1}), {},
                                            at::Reduction::None);
     at::Tensor mask = b.loss_mask.reshape({-1});
@@ -287,7 +315,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataPipeline> data_;
   std::unique_ptr<MetricsWriter> metrics_;
-  int64_t accum_ = 1, n_params_ = 0;
+  int64_t accum_ = 1, n_params_ = 0, vocab_ = 0;
   double flops_per_token_ = 0, peak_tflops_ = 1;
   Clock::time_point start_;
 };
