@@ -22,6 +22,11 @@ class ParallelEngine {
   // Before each micro-batch's backward: whether it is the last of the step (gradients are reduced
   // across data-parallel ranks only then, as Megatron does when accumulating).
   virtual void start_micro_batch(bool last) = 0;
+  // Before each forward of the whole model (training or evaluation): weights outside units must be
+  // present (gathered, or their post-step gather finished).
+  virtual void pre_model_forward() = 0;
+  // After each micro-batch's backward returned.
+  virtual void end_micro_batch() = 0;
   // After the last backward: waits for every reduction, then multiplies the gradients by `scale`.
   virtual void finish_grad_sync(double scale) = 0;
   // Global L2 norm of the main gradients, every element counted once across the job.
@@ -32,8 +37,13 @@ class ParallelEngine {
   virtual std::vector<OptimSlot>& slots() = 0;
   // Copies the updated main weights into the model's compute weights.
   virtual void install_weights() = 0;
-  // One line about buckets and memory, for the start-up log.
+  // Lines about buckets and this rank's memory, for the start-up log.
   virtual std::string describe() const = 0;
+  // Bytes this rank holds persistently: compute weights, separate main weights, main gradients.
+  struct Memory {
+    int64_t weights = 0, main_weights = 0, grads = 0;
+  };
+  virtual Memory memory() const = 0;
 };
 
 // Chooses the engine for the config and mesh; the model's units must already be found.

@@ -141,7 +141,6 @@ class Trainer {
                                                  cfg_.where("distributed.megatron_fsdp_unit_modules"));
     const bool bf16 = cfg_.model.compute_dtype == "bf16";
     if (bf16) model_->cast(at::kBFloat16);
-    vocab_ = probe_vocabulary();
     model_->train(true);
     n_params_ = model_->num_params();
     const int64_t n_dense = n_params_ - model_->num_embedding_params();
@@ -150,8 +149,10 @@ class Trainer {
     log(fmt::format("model {}: {} parameters ({} outside embeddings), {}; compute {}", cfg_.model.path, n_params_, n_dense,
                     units, cfg_.model.compute_dtype));
 
-    engine_ = make_engine(*model_, cfg_, *pg_);
+    engine_ = make_engine(*model_, cfg_, *pg_);  // rewrites the unit graphs: before any forward
     log(engine_->describe());
+    vocab_ = probe_vocabulary();
+    model_->train(true);
     optimizer_ = make_optimizer(cfg_.optimizer);
 
     const int64_t dp_rank = mesh_->group_rank(MeshGroup::kDp);
@@ -190,6 +191,7 @@ class Trainer {
     at::Tensor tokens = at::zeros({1, 2}, at::kLong), pos = at::arange(2, at::kLong).unsqueeze(0);
     at::Tensor logits;
     try {
+      engine_->pre_model_forward();
       logits = model_->forward(tokens, pos);
     } catch (const c10::Error& e) {
       std::string what = e.what_without_backtrace();
@@ -212,6 +214,7 @@ class Trainer {
       throw UserError(fmt::format("data: token id {} does not fit the model's vocabulary of {} ({}): the dataset was "
                                   "made with a larger vocabulary than the model",
                                   std::max(max_token, b.targets.max().item<int64_t>()), vocab_, cfg_.model.path));
+    engine_->pre_model_forward();
     at::Tensor logits = model_->forward(b.tokens, b.position_ids);
     if (logits.dim() != 3 || logits.size(0) != b.tokens.size(0) || logits.size(1) != b.tokens.size(1))
       throw UserError(fmt::format("{}: forward returned logits of shape {}, expected [batch {}, seq {}, vocab] "
@@ -230,6 +233,7 @@ class Trainer {
                                  ? masked_sum
                                  : masked_sum / std::max(1.0, out.tokens) / double(accum_);
       objective.backward();
+      engine_->end_micro_batch();
     }
     return out;
   }

@@ -1,0 +1,473 @@
+// Megatron-FSDP sharding (DESIGN.md section 5) for every zero_dp_strategy.
+//
+// Each FSDP unit (and the parameters outside units, and with disable_bucketing each parameter) is
+// a bucket: one flat buffer per role, padded to split evenly over the sharding group
+// (dp_shard x cp, size S); this rank owns elements [r*n, (r+1)*n), n = padded / S.
+//
+//   strategy            compute weights         main weights   main grads         reduction
+//   0 no_shard          full, persistent        full           full               all-reduce (dp), last micro-batch
+//   1 optim             full, persistent        shard          full + shard       reduce-scatter, last micro-batch
+//   2 optim_grads       full, persistent        shard          shard              reduce-scatter, every micro-batch
+//   3 optim_grads_params shard; full only while the unit runs   shard             reduce-scatter, every micro-batch
+//
+// Parameters are views into the full compute buffer (set_data once). Under strategy 3 the buffer's
+// storage is freed after the unit's forward and allocated again, in place, before its backward:
+// tensors that autograd saved keep pointing at the same storage and see the gathered data again.
+// After the optimizer steps on the shards, strategies 1-2 all-gather the updated weights (waited
+// for just before each unit's next forward when overlap_param_gather), strategy 3 just updates its
+// shard. With HSDP (dp_replicate > 1) the shard gradients are then all-reduced across replicas.
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <fmt/format.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "fsdp/engine.h"
+#include "fsdp/unit_ops.h"
+#include "mesh/process_groups.h"
+#include "model/graph_rewrite.h"
+#include "model/model.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace mfsdp {
+namespace {
+
+class FsdpEngine;
+
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(FsdpEngine* engine, int param) : engine_(engine), param_(param) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override;
+
+ private:
+  FsdpEngine* engine_;
+  int param_;
+};
+
+struct ParamInfo {
+  std::string name;
+  int bucket = -1;
+  int64_t offset = 0, numel = 0;
+};
+
+struct PendingReduce {
+  WorkHandle work;
+  at::Tensor out;   // reduce-scatter output (strategies 2-3), accumulated into the shard gradient
+  at::Tensor keep;  // the full gradient buffer, alive until the collective is done
+};
+
+struct Bucket {
+  std::string name;
+  int unit = -1;  // -1: not a unit (parameters outside units, or one parameter)
+  std::vector<int> params;
+  int64_t numel = 0, padded = 0, shard = 0;
+  at::Tensor full;        // compute weights, padded; under strategy 3 its storage comes and goes
+  at::Tensor shard_w;     // strategy 3: this rank's shard of the compute weights
+  at::Tensor main;        // main weights: full (0) or shard (1-3); may alias full/shard_w
+  at::Tensor grad_full;   // full gradients: persistent (0-1) or per backward (2-3)
+  at::Tensor grad_shard;  // the optimizer's gradients: = grad_full (0) or this rank's shard
+  int pending = 0;        // gradients still to arrive in this backward
+  bool reduced_this_micro = false;
+  std::vector<PendingReduce> reduces;
+  int64_t dbuf_offset = 0;  // element offset in the double buffer of its unit
+  WorkHandle gather;      // all-gather in flight (strategy 3 gather, or post-step gather of 1-2)
+  bool gathered = false;  // strategy 3: the full buffer holds (or is receiving) the weights
+};
+
+class FsdpEngine final : public ParallelEngine, public UnitHooks {
+ public:
+  FsdpEngine(Model& model, const Config& cfg, ProcessGroups& pg)
+      : model_(model),
+        d_(cfg.distributed),
+        strategy_(static_cast<int>(cfg.distributed.zero_dp_strategy)),
+        dp_(pg.get(MeshGroup::kDp)),
+        shard_(pg.get(MeshGroup::kDpShardCp)),
+        replicate_(pg.get(MeshGroup::kDpReplicate)) {
+    const bool bf16 = cfg.model.compute_dtype == "bf16";
+    cd_ = bf16 ? at::kBFloat16 : at::kFloat;
+    md_ = (!bf16 || d_.preserve_fp32_weights) ? at::kFloat : at::kBFloat16;
+    gd_ = (!bf16 || d_.grad_reduce_in_fp32) ? at::kFloat : at::kBFloat16;
+    S_ = strategy_ == 0 ? 1 : shard_.size();
+    r_ = strategy_ == 0 ? 0 : shard_.rank();
+    build_buckets(cfg);
+    for (size_t b = 0; b < buckets_.size(); ++b) build_buffers(buckets_[b], int(b));
+    build_slots(cfg);
+    if (d_.fsdp_double_buffer)
+      for (auto& buf : double_buffer_) buf = at::empty({double_buffer_size_}, cd_);
+    // Keep each accumulator alive: a hook on a node that is later recreated would never fire.
+    auto& params = model_.params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto acc = torch::autograd::impl::grad_accumulator(params[i].tensor);
+      if (!acc) throw std::runtime_error("parameter " + params[i].name + " has no gradient accumulator");
+      acc->add_post_hook(std::make_unique<GradReadyHook>(this, int(i)));
+      accumulators_.push_back(acc);
+    }
+    instrument_units(model_);
+    set_unit_hooks(this);
+  }
+
+  ~FsdpEngine() override {
+    set_unit_hooks(nullptr);
+    for (auto& b : buckets_)
+      if (b.gather) b.gather->wait();
+  }
+
+  // ---------------------------------------------------------------------------- step protocol
+  void start_step() override {
+    for (auto& b : buckets_) {
+      if (strategy_ <= 1) b.grad_full.zero_();
+      if (strategy_ >= 1) b.grad_shard.zero_();
+    }
+  }
+
+  void start_micro_batch(bool last) override {
+    last_micro_ = last;
+    for (auto& b : buckets_) {
+      b.pending = int(b.params.size());
+      b.reduced_this_micro = false;
+    }
+  }
+
+  void pre_model_forward() override {
+    for (auto& b : buckets_) {
+      if (b.unit >= 0) continue;
+      if (strategy_ == 3) ensure_gathered(b);
+      else wait_gather(b);
+    }
+    // Start the first unit's weights on their way while the embedding runs.
+    if (strategy_ == 3 && d_.overlap_param_gather && !unit_groups_.empty())
+      for (int bi : unit_groups_[0]) start_gather(buckets_[bi]);
+  }
+
+  void on_grad_ready(int pi) {
+    auto& p = model_.params()[pi];
+    at::Tensor g = p.tensor.grad();
+    if (!g.defined()) return;
+    const ParamInfo& info = info_[pi];
+    Bucket& b = buckets_[info.bucket];
+    {
+      at::NoGradGuard ng;
+      if (!b.grad_full.defined()) b.grad_full = at::zeros({b.padded}, gd_);
+      b.grad_full.narrow(0, info.offset, info.numel).add_(g.reshape({-1}));
+    }
+    p.tensor.mutable_grad() = at::Tensor();  // the main gradient holds it now
+    if (--b.pending == 0 && d_.overlap_grad_reduce && (last_micro_ || strategy_ >= 2)) launch_reduce(b);
+  }
+
+  void end_micro_batch() override {
+    // Strategies 2-3 reduce every backward; without overlap this is where it starts.
+    if (strategy_ >= 2)
+      for (auto& b : buckets_)
+        if (!b.reduced_this_micro && b.grad_full.defined()) launch_reduce(b);
+  }
+
+  void finish_grad_sync(double scale) override {
+    for (auto& b : buckets_)
+      if (!b.reduced_this_micro && (strategy_ <= 1 || b.grad_full.defined())) launch_reduce(b);
+    for (auto& b : buckets_) {
+      for (auto& pr : b.reduces) {
+        pr.work->wait();
+        if (strategy_ >= 2) b.grad_shard.add_(pr.out);
+      }
+      b.reduces.clear();
+      if (strategy_ >= 1 && replicate_.size() > 1)  // HSDP: shards agree across replicas
+        replicate_.all_reduce(b.grad_shard, d_.average_in_collective ? ReduceOp::kAvg : ReduceOp::kSum);
+      if (scale != 1.0) b.grad_shard.mul_(scale);
+    }
+    if (strategy_ == 3)
+      for (auto& b : buckets_)
+        if (b.unit >= 0) release(b);  // units whose input needed no grad never ran post_backward
+  }
+
+  double grad_norm() override {
+    double sq = 0;
+    for (auto& b : buckets_) {
+      double n = b.grad_shard.norm().item<double>();
+      sq += n * n;
+    }
+    if (strategy_ >= 1 && shard_.size() > 1) {  // every element lives on exactly one rank of the group
+      at::Tensor t = at::full({1}, sq, at::kDouble);
+      shard_.all_reduce(t, ReduceOp::kSum);
+      sq = t.item<double>();
+    }
+    return std::sqrt(sq);
+  }
+
+  void scale_grads(double s) override {
+    for (auto& b : buckets_) b.grad_shard.mul_(s);
+  }
+
+  std::vector<std::string> nonfinite_grads() override {
+    std::vector<std::string> bad;
+    for (auto& s : slots_)
+      if (!at::isfinite(s.grad).all().item<bool>()) bad.push_back(s.name);
+    return bad;
+  }
+
+  std::vector<OptimSlot>& slots() override { return slots_; }
+
+  void install_weights() override {
+    at::NoGradGuard ng;
+    for (auto& b : buckets_) {
+      if (strategy_ == 0) {
+        if (!b.main.is_same(b.full)) b.full.copy_(b.main);
+      } else if (strategy_ <= 2) {
+        at::Tensor mine = b.full.narrow(0, r_ * b.shard, b.shard);
+        if (!b.main.is_same(mine)) mine.copy_(b.main);
+        b.gather = shard_.all_gather_async(b.full, mine);
+        if (!d_.overlap_param_gather) wait_gather(b);
+      } else {
+        if (!b.main.is_same(b.shard_w)) b.shard_w.copy_(b.main);
+        release(b);  // the gathered copy is stale now
+      }
+    }
+  }
+
+  std::string describe() const override {
+    Memory m = memory();
+    int64_t local_elems = 0;
+    for (auto& b : buckets_) local_elems += strategy_ == 0 ? b.numel : b.shard;
+    return fmt::format(
+        "megatron_fsdp {} over {} ranks (dp_shard x cp{}): {} buckets ({} units{}), compute {}, main weights {}, "
+        "gradients {}; this rank holds weights {}, main weights {}, gradients {}, optimizer state ~{} "
+        "(Adam: 2 fp32 per local element); overlap: grad reduce {}, param gather {}{}",
+        to_string(d_.zero_dp_strategy), S_, replicate_.size() > 1 ? fmt::format(", x{} replicas", replicate_.size()) : "",
+        buckets_.size(), unit_groups_.size(), d_.disable_bucketing ? ", one per parameter" : "", c10::toString(cd_),
+        c10::toString(md_), c10::toString(gd_), human_bytes(double(m.weights)), human_bytes(double(m.main_weights)),
+        human_bytes(double(m.grads)), human_bytes(8.0 * double(local_elems)), d_.overlap_grad_reduce ? "on" : "off",
+        d_.overlap_param_gather ? "on" : "off", d_.fsdp_double_buffer ? ", double buffer" : "");
+  }
+
+  Memory memory() const override {
+    Memory m;
+    const int64_t ce = at::elementSize(cd_), me = at::elementSize(md_), ge = at::elementSize(gd_);
+    for (auto& b : buckets_) {
+      m.weights += (strategy_ == 3 ? b.shard : b.padded) * ce;
+      const bool main_alias = md_ == cd_;
+      if (!main_alias) m.main_weights += (strategy_ == 0 ? b.padded : b.shard) * me;
+      m.grads += (strategy_ <= 1 ? b.padded : 0) * ge + (strategy_ >= 1 ? b.shard : 0) * ge;
+    }
+    if (d_.fsdp_double_buffer) m.weights += 2 * double_buffer_[0].numel() * ce;
+    return m;
+  }
+
+  // ---------------------------------------------------------------------------- unit hooks
+  void pre_forward(int unit) override {
+    if (unit < 0) return;
+    for (int bi : unit_groups_[unit]) {
+      if (strategy_ == 3) ensure_gathered(buckets_[bi]);
+      else wait_gather(buckets_[bi]);
+    }
+    if (strategy_ == 3 && d_.overlap_param_gather && unit + 1 < int(unit_groups_.size()))
+      for (int bi : unit_groups_[unit + 1]) start_gather(buckets_[bi]);
+  }
+  void post_forward(int unit) override {
+    if (unit >= 0 && strategy_ == 3)
+      for (int bi : unit_groups_[unit]) release(buckets_[bi]);
+  }
+  void pre_backward(int unit) override {
+    if (unit < 0 || strategy_ != 3) return;
+    for (int bi : unit_groups_[unit]) ensure_gathered(buckets_[bi]);
+    if (d_.overlap_param_gather && unit > 0)
+      for (int bi : unit_groups_[unit - 1]) start_gather(buckets_[bi]);
+  }
+  void post_backward(int unit) override {
+    if (unit >= 0 && strategy_ == 3)
+      for (int bi : unit_groups_[unit]) release(buckets_[bi]);
+  }
+
+ private:
+  void build_buckets(const Config& cfg) {
+    const auto& params = model_.params();
+    info_.resize(params.size());
+    auto add = [&](std::string name, int unit, const std::vector<int>& members) {
+      Bucket b;
+      b.name = std::move(name);
+      b.unit = unit;
+      b.params = members;
+      for (int pi : members) {
+        info_[pi].name = params[pi].name;
+        info_[pi].bucket = int(buckets_.size());
+        info_[pi].offset = b.numel;
+        info_[pi].numel = params[pi].tensor.numel();
+        b.numel += info_[pi].numel;
+      }
+      b.padded = (b.numel + S_ - 1) / S_ * S_;
+      b.shard = b.padded / S_;
+      buckets_.push_back(std::move(b));
+    };
+    std::vector<int> rest;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (params[i].unit < 0) rest.push_back(int(i));
+    unit_groups_.assign(model_.units().size(), {});
+    if (d_.disable_bucketing) {
+      // One collective per parameter; a unit still gathers and frees its parameters together.
+      for (size_t i = 0; i < params.size(); ++i) {
+        add(params[i].name, params[i].unit, {int(i)});
+        if (params[i].unit >= 0) unit_groups_[params[i].unit].push_back(int(buckets_.size()) - 1);
+      }
+    } else {
+      for (size_t u = 0; u < model_.units().size(); ++u) {
+        add(model_.units()[u].path, int(u), model_.units()[u].params);
+        unit_groups_[u].push_back(int(buckets_.size()) - 1);
+      }
+      if (!rest.empty()) add("(outside units)", -1, rest);
+    }
+    // Double buffering: each unit's buckets sit side by side in buffer (unit % 2).
+    for (auto& group : unit_groups_) {
+      int64_t off = 0;
+      for (int bi : group) {
+        buckets_[bi].dbuf_offset = off;
+        off += buckets_[bi].padded;
+      }
+      double_buffer_size_ = std::max(double_buffer_size_, off);
+    }
+    (void)cfg;
+  }
+
+  void build_buffers(Bucket& b, int index) {
+    at::NoGradGuard ng;
+    auto& params = model_.params();
+    b.full = at::zeros({b.padded}, cd_);
+    for (int pi : b.params) {
+      const ParamInfo& info = info_[pi];
+      at::Tensor view = b.full.narrow(0, info.offset, info.numel).view(params[pi].tensor.sizes());
+      view.copy_(params[pi].tensor.detach());
+      params[pi].tensor.set_data(view);  // the parameter is now a view into the flat buffer
+    }
+    if (strategy_ == 3) {
+      b.shard_w = b.full.narrow(0, r_ * b.shard, b.shard).clone();
+      b.main = md_ == cd_ ? b.shard_w : b.shard_w.to(md_);
+      b.gathered = true;
+      release(b);
+    } else if (strategy_ == 0) {
+      b.main = md_ == cd_ ? b.full : b.full.to(md_);
+    } else {
+      at::Tensor mine = b.full.narrow(0, r_ * b.shard, b.shard);
+      b.main = md_ == cd_ ? mine : mine.to(md_);
+    }
+    if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, gd_);
+    b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, gd_);
+    (void)index;
+  }
+
+  void build_slots(const Config& cfg) {
+    auto& params = model_.params();
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      const ParamInfo& info = info_[pi];
+      const Bucket& b = buckets_[info.bucket];
+      const int64_t lo_shard = strategy_ == 0 ? 0 : r_ * b.shard, hi_shard = strategy_ == 0 ? b.padded : lo_shard + b.shard;
+      const int64_t lo = std::max(info.offset, lo_shard), hi = std::min(info.offset + info.numel, hi_shard);
+      if (hi <= lo) continue;  // none of this parameter lives on this rank
+      OptimSlot s;
+      s.name = info.name;
+      s.weight = b.main.narrow(0, lo - lo_shard, hi - lo);
+      s.grad = b.grad_shard.narrow(0, lo - lo_shard, hi - lo);
+      s.decay = params[pi].tensor.dim() >= 2 || cfg.optimizer.decay_norm_and_bias;
+      slots_.push_back(s);
+    }
+  }
+
+  void launch_reduce(Bucket& b) {
+    if (b.reduced_this_micro) return;
+    b.reduced_this_micro = true;
+    const int dp = dp_.size();
+    ReduceOp op = d_.average_in_collective ? ReduceOp::kAvg : ReduceOp::kSum;
+    if (!d_.calculate_per_token_loss && !d_.average_in_collective && dp > 1) b.grad_full.div_(dp);
+    if (strategy_ == 0) {
+      b.reduces.push_back({dp_.all_reduce_async(b.grad_full, op), {}, {}});
+    } else if (strategy_ == 1) {
+      b.reduces.push_back({shard_.reduce_scatter_async(b.grad_shard, b.grad_full, op), {}, b.grad_full});
+    } else {
+      // Accumulate an earlier micro-batch's result first, so that at most one is in flight.
+      for (auto& pr : b.reduces) {
+        pr.work->wait();
+        b.grad_shard.add_(pr.out);
+      }
+      b.reduces.clear();
+      at::Tensor out = at::empty({b.shard}, gd_);
+      b.reduces.push_back({shard_.reduce_scatter_async(out, b.grad_full, op), out, b.grad_full});
+      b.grad_full = at::Tensor();  // the next backward starts a new one; this one is freed when reduced
+    }
+  }
+
+  // ---- strategy 3 storage: allocated in place before use, freed after
+  c10::StorageImpl* storage(Bucket& b) { return b.full.storage().unsafeGetStorageImpl(); }
+
+  void start_gather(Bucket& b) {
+    if (b.gathered) return;
+    const size_t bytes = size_t(b.padded) * at::elementSize(cd_);
+    if (d_.fsdp_double_buffer && b.unit >= 0) {
+      // Two persistent buffers used alternately by consecutive units: nothing is allocated.
+      void* p = static_cast<char*>(double_buffer_[b.unit % 2].data_ptr()) + b.dbuf_offset * at::elementSize(cd_);
+      storage(b)->set_data_ptr_noswap(at::DataPtr(p, at::Device(at::kCPU)));
+    } else {
+      storage(b)->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bytes));
+    }
+    storage(b)->set_nbytes(bytes);
+    b.gather = shard_.all_gather_async(b.full, b.shard_w);
+    b.gathered = true;
+  }
+
+  void wait_gather(Bucket& b) {
+    if (b.gather) {
+      b.gather->wait();
+      b.gather.reset();
+    }
+  }
+
+  void ensure_gathered(Bucket& b) {
+    start_gather(b);
+    wait_gather(b);
+  }
+
+  void release(Bucket& b) {
+    if (strategy_ != 3 || !b.gathered) return;
+    wait_gather(b);  // never free memory a collective is writing into
+    storage(b)->set_data_ptr_noswap(at::DataPtr(nullptr, at::Device(at::kCPU)));
+    storage(b)->set_nbytes(0);
+    b.gathered = false;
+  }
+
+  Model& model_;
+  const DistributedConfig& d_;
+  int strategy_;
+  Communicator &dp_, &shard_, &replicate_;
+  at::ScalarType cd_, md_, gd_;
+  int64_t S_ = 1, r_ = 0;
+  std::vector<Bucket> buckets_;
+  std::vector<ParamInfo> info_;
+  std::vector<std::vector<int>> unit_groups_;  // unit -> its buckets (one, or one per parameter)
+  int64_t double_buffer_size_ = 0;
+  std::vector<OptimSlot> slots_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  at::Tensor double_buffer_[2];
+  bool last_micro_ = true;
+};
+
+torch::autograd::variable_list GradReadyHook::operator()(const torch::autograd::variable_list& outputs,
+                                                         const torch::autograd::variable_list&) {
+  engine_->on_grad_ready(param_);
+  return outputs;
+}
+
+}  // namespace
+
+std::unique_ptr<ParallelEngine> make_engine(Model& model, const Config& cfg, ProcessGroups& pg) {
+  const auto& d = cfg.distributed;
+  if (d.tp_size > 1)
+    throw ConfigError(cfg.where("distributed.tp_size") + ": distributed.tp_size > 1: tensor parallelism is not in this build yet");
+  if (d.cp_size > 1)
+    throw ConfigError(cfg.where("distributed.cp_size") + ": distributed.cp_size > 1: context parallelism is not in this build yet");
+  if (d.nccl_ub)
+    throw ConfigError(cfg.where("distributed.nccl_ub") + ": distributed.nccl_ub registers NCCL user buffers; this run "
+                      "uses the MPI backend on CPU tensors, where there is nothing to register");
+  return std::make_unique<FsdpEngine>(model, cfg, pg);
+}
+
+}  // namespace mfsdp

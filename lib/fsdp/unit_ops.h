@@ -1,0 +1,25 @@
+// Custom TorchScript operators placed at the entry and the return of every FSDP unit's forward
+// graph (DESIGN.md section 4). Their forward and backward kernels call the engine:
+//   pre_forward  forward : the unit is about to run       -> gather its weights, prefetch the next
+//   post_forward forward : the unit has run               -> free its gathered weights
+//   post_forward backward: the unit's backward is next    -> gather its weights again, prefetch
+//   pre_forward  backward: the unit's backward has run    -> free its gathered weights
+// The ops are registered with CONSERVATIVE alias analysis so that the JIT neither drops nor
+// reorders them.
+#pragma once
+
+namespace mfsdp {
+
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void pre_forward(int unit) = 0;
+  virtual void post_forward(int unit) = 0;
+  virtual void pre_backward(int unit) = 0;
+  virtual void post_backward(int unit) = 0;
+};
+
+// The engine that receives the calls (one per process); nullptr: the ops only pass tensors through.
+void set_unit_hooks(UnitHooks* hooks);
+
+}  // namespace mfsdp

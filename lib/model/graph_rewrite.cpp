@@ -1,0 +1,101 @@
+#include "model/graph_rewrite.h"
+
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <set>
+
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace mfsdp {
+
+namespace {
+constexpr const char* kUnitAttr = "_mfsdp_unit_id";
+
+// Passes every Tensor in `values` through `op(unit, [values...]) -> Tensor[]`, inserted at the
+// graph's current insert point; returns the replacement values in the same order.
+std::vector<torch::jit::Value*> through_op(torch::jit::Graph& g, const char* op, torch::jit::Value* unit,
+                                           const std::vector<torch::jit::Value*>& values) {
+  auto* list = g.insertNode(g.createList(c10::TensorType::get(), values))->output();
+  auto* result = g.insert(c10::Symbol::fromQualString(op), {unit, list});
+  auto* unpack = g.insertNode(g.createListUnpack(result, values.size()));
+  std::vector<torch::jit::Value*> out(unpack->outputs().begin(), unpack->outputs().end());
+  for (size_t i = 0; i < out.size(); ++i) out[i]->setType(values[i]->type());
+  return out;
+}
+
+bool is_tensor(const torch::jit::Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
+
+void rewrite_forward(torch::jit::Module& unit, const std::string& path) {
+  auto& fn = torch::jit::toGraphFunction(unit.get_method("forward").function());
+  std::shared_ptr<torch::jit::Graph> g = fn.graph();
+  torch::jit::Value* self = g->inputs()[0];
+  // Entry: after the parameters, before the first node.
+  {
+    torch::jit::WithInsertPoint guard(g->block()->nodes().front());
+    auto* id = g->insertGetAttr(self, kUnitAttr);
+    std::vector<torch::jit::Value*> tensors;
+    for (size_t i = 1; i < g->inputs().size(); ++i)
+      if (is_tensor(g->inputs()[i])) tensors.push_back(g->inputs()[i]);
+    if (tensors.empty())
+      throw UserError("FSDP unit " + path + ": its forward takes no Tensor argument; units must take and return tensors");
+    auto replaced = through_op(*g, "mfsdp::pre_forward", id, tensors);
+    auto* after = replaced.back()->node();
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i]->replaceAllUsesAfterNodeWith(after, replaced[i]);
+  }
+  // Return: a Tensor, or a tuple whose Tensor elements pass through.
+  {
+    torch::jit::Node* ret = g->return_node();
+    torch::jit::Value* out = ret->input(0);
+    torch::jit::WithInsertPoint guard(ret);
+    auto* id = g->insertGetAttr(self, kUnitAttr);
+    if (is_tensor(out)) {
+      ret->replaceInput(0, through_op(*g, "mfsdp::post_forward", id, {out})[0]);
+    } else if (out->type()->kind() == c10::TypeKind::TupleType) {
+      auto* unpack = g->insertNode(g->createTupleUnpack(out));
+      std::vector<torch::jit::Value*> elems(unpack->outputs().begin(), unpack->outputs().end()), tensors;
+      for (auto* e : elems)
+        if (is_tensor(e)) tensors.push_back(e);
+      if (tensors.empty()) throw UserError("FSDP unit " + path + ": forward returns no Tensor");
+      auto replaced = through_op(*g, "mfsdp::post_forward", id, tensors);
+      size_t k = 0;
+      for (auto*& e : elems)
+        if (is_tensor(e)) e = replaced[k++];
+      auto* tuple = g->insertNode(g->createTuple(elems))->output();
+      ret->replaceInput(0, tuple);
+    } else {
+      throw UserError("FSDP unit " + path + ": forward returns " + out->type()->str() +
+                      "; units must return a Tensor or a tuple of Tensors");
+    }
+  }
+}
+
+}  // namespace
+
+torch::jit::Module submodule_at(const torch::jit::Module& root, const std::string& path) {
+  torch::jit::Module m = root;
+  if (path.empty()) return m;
+  for (const auto& part : split(path, '.')) m = m.attr(part).toModule();
+  return m;
+}
+
+void instrument_units(Model& model) {
+  std::set<const c10::ClassType*> rewritten;
+  for (size_t u = 0; u < model.units().size(); ++u) {
+    const auto& unit = model.units()[u];
+    torch::jit::Module m = submodule_at(model.module(), unit.path);
+    if (m.hasattr(kUnitAttr)) m.setattr(kUnitAttr, int64_t(u));
+    else m.register_attribute(kUnitAttr, c10::IntType::get(), int64_t(u));
+    const c10::ClassType* type = m.type().get();
+    if (rewritten.insert(type).second) rewrite_forward(m, unit.path);
+  }
+  // Other instances of a rewritten type run the same graph: they read -1 and the ops do nothing.
+  for (const auto& nm : model.module().named_modules()) {
+    torch::jit::Module m = nm.value;
+    if (rewritten.count(m.type().get()) && !m.hasattr(kUnitAttr))
+      m.register_attribute(kUnitAttr, c10::IntType::get(), int64_t(-1));
+  }
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,17 @@
+// Rewrites of TorchScript graphs (DESIGN.md section 4). Must run before the model's first call:
+// the executor copies a graph on first run and later edits are silently ignored.
+#pragma once
+#include "model/model.h"
+
+namespace mfsdp {
+
+// Registers the attribute "_mfsdp_unit_id" (int) on every unit instance and inserts
+// mfsdp::pre_forward at the entry and mfsdp::post_forward at the return of each unit's forward
+// graph, once per TorchScript type (scripted units of one class share one graph; traced ones have a
+// type each). Tensor inputs and outputs (a Tensor or a tuple of Tensors) pass through the ops.
+void instrument_units(Model& model);
+
+// The module at a dotted path ("blocks.3").
+torch::jit::Module submodule_at(const torch::jit::Module& root, const std::string& path);
+
+}  // namespace mfsdp
