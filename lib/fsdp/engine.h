@@ -44,6 +44,9 @@ class ParallelEngine {
     int64_t weights = 0, main_weights = 0, grads = 0;
   };
   virtual Memory memory() const = 0;
+  // Highest bytes held by the engine (persistent + gathered weights + gradients in flight) since
+  // the last call; each call starts a new window.
+  virtual int64_t take_peak_bytes() = 0;
 };
 
 // Chooses the engine for the config and mesh; the model's units must already be found.

@@ -107,7 +107,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       acc->add_post_hook(std::make_unique<GradReadyHook>(this, int(i)));
       accumulators_.push_back(acc);
     }
-    instrument_units(model_);
+    checkpointed_calls_ = instrument_units(model_, d_.activation_checkpointing);
     set_unit_hooks(this);
   }
 
@@ -152,7 +152,10 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     Bucket& b = buckets_[info.bucket];
     {
       at::NoGradGuard ng;
-      if (!b.grad_full.defined()) b.grad_full = at::zeros({b.padded}, gd_);
+      if (!b.grad_full.defined()) {
+        b.grad_full = at::zeros({b.padded}, gd_);
+        track(b.padded * at::elementSize(gd_));
+      }
       b.grad_full.narrow(0, info.offset, info.numel).add_(g.reshape({-1}));
     }
     p.tensor.mutable_grad() = at::Tensor();  // the main gradient holds it now
@@ -172,7 +175,10 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     for (auto& b : buckets_) {
       for (auto& pr : b.reduces) {
         pr.work->wait();
-        if (strategy_ >= 2) b.grad_shard.add_(pr.out);
+        if (strategy_ >= 2) {
+          b.grad_shard.add_(pr.out);
+          track(-b.padded * int64_t(at::elementSize(gd_)));
+        }
       }
       b.reduces.clear();
       if (strategy_ >= 1 && replicate_.size() > 1)  // HSDP: shards agree across replicas
@@ -235,12 +241,21 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     return fmt::format(
         "megatron_fsdp {} over {} ranks (dp_shard x cp{}): {} buckets ({} units{}), compute {}, main weights {}, "
         "gradients {}; this rank holds weights {}, main weights {}, gradients {}, optimizer state ~{} "
-        "(Adam: 2 fp32 per local element); overlap: grad reduce {}, param gather {}{}",
+        "(Adam: 2 fp32 per local element); overlap: grad reduce {}, param gather {}{}{}",
         to_string(d_.zero_dp_strategy), S_, replicate_.size() > 1 ? fmt::format(", x{} replicas", replicate_.size()) : "",
         buckets_.size(), unit_groups_.size(), d_.disable_bucketing ? ", one per parameter" : "", c10::toString(cd_),
         c10::toString(md_), c10::toString(gd_), human_bytes(double(m.weights)), human_bytes(double(m.main_weights)),
         human_bytes(double(m.grads)), human_bytes(8.0 * double(local_elems)), d_.overlap_grad_reduce ? "on" : "off",
-        d_.overlap_param_gather ? "on" : "off", d_.fsdp_double_buffer ? ", double buffer" : "");
+        d_.overlap_param_gather ? "on" : "off", d_.fsdp_double_buffer ? ", double buffer" : "",
+        checkpointed_calls_ ? fmt::format("; activation checkpointing: {} unit calls recomputed in backward", checkpointed_calls_)
+                            : "");
+  }
+
+  int64_t take_peak_bytes() override {
+    Memory m = memory();
+    int64_t peak = m.weights + m.main_weights + m.grads + transient_peak_;
+    transient_peak_ = transient_;
+    return peak;
   }
 
   Memory memory() const override {
@@ -344,6 +359,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       b.shard_w = b.full.narrow(0, r_ * b.shard, b.shard).clone();
       b.main = md_ == cd_ ? b.shard_w : b.shard_w.to(md_);
       b.gathered = true;
+      track(int64_t(b.padded) * int64_t(at::elementSize(cd_)));  // the initial full buffer
       release(b);
     } else if (strategy_ == 0) {
       b.main = md_ == cd_ ? b.full : b.full.to(md_);
@@ -388,6 +404,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       for (auto& pr : b.reduces) {
         pr.work->wait();
         b.grad_shard.add_(pr.out);
+        track(-b.padded * int64_t(at::elementSize(gd_)));
       }
       b.reduces.clear();
       at::Tensor out = at::empty({b.shard}, gd_);
@@ -408,6 +425,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       storage(b)->set_data_ptr_noswap(at::DataPtr(p, at::Device(at::kCPU)));
     } else {
       storage(b)->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bytes));
+      track(int64_t(bytes));
     }
     storage(b)->set_nbytes(bytes);
     b.gather = shard_.all_gather_async(b.full, b.shard_w);
@@ -429,6 +447,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   void release(Bucket& b) {
     if (strategy_ != 3 || !b.gathered) return;
     wait_gather(b);  // never free memory a collective is writing into
+    if (!(d_.fsdp_double_buffer && b.unit >= 0)) track(-int64_t(storage(b)->nbytes()));
     storage(b)->set_data_ptr_noswap(at::DataPtr(nullptr, at::Device(at::kCPU)));
     storage(b)->set_nbytes(0);
     b.gathered = false;
@@ -448,6 +467,13 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   at::Tensor double_buffer_[2];
   bool last_micro_ = true;
+  int checkpointed_calls_ = 0;
+  int64_t transient_ = 0, transient_peak_ = 0;  // gathered weights and gradients in flight, in bytes
+
+  void track(int64_t delta) {
+    transient_ += delta;
+    transient_peak_ = std::max(transient_peak_, transient_);
+  }
 };
 
 torch::autograd::variable_list GradReadyHook::operator()(const torch::autograd::variable_list& outputs,

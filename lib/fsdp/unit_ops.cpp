@@ -2,6 +2,7 @@
 
 #include <torch/autograd.h>
 #include <torch/library.h>
+#include <torch/script.h>
 
 #include <atomic>
 
@@ -60,9 +61,55 @@ std::vector<at::Tensor> post_forward_plain(int64_t unit, at::TensorList outputs)
   return std::vector<at::Tensor>(outputs.begin(), outputs.end());
 }
 
+// Activation checkpointing of one unit call: forward runs the unit without keeping its activations
+// (only its inputs are saved); backward runs it again with autograd on and back-propagates through
+// the recomputed graph (a reentrant backward, as torch.utils.checkpoint(use_reentrant=True) does).
+// The unit's own pre/post_forward ops run in both passes, so its weights are gathered and freed
+// around the recomputation too. Units must take and return Tensors.
+struct Checkpoint : public torch::autograd::Function<Checkpoint> {
+  static variable_list forward(AutogradContext* ctx, c10::IValue module, at::TensorList inputs) {
+    ctx->saved_data["module"] = module;
+    ctx->save_for_backward(variable_list(inputs.begin(), inputs.end()));
+    torch::jit::Module m(module.toObject());
+    std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+    c10::IValue out = m.forward(args);
+    return {out.toTensor()};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    torch::jit::Module m(ctx->saved_data["module"].toObject());
+    variable_list saved = ctx->get_saved_variables();
+    variable_list detached;
+    std::vector<c10::IValue> args;
+    for (auto& t : saved) {
+      at::Tensor d = t.detach();
+      if (t.is_floating_point()) d.requires_grad_(t.requires_grad());
+      detached.push_back(d);
+      args.emplace_back(d);
+    }
+    at::Tensor out;
+    {
+      at::AutoGradMode enable(true);
+      out = m.forward(args).toTensor();
+    }
+    torch::autograd::backward({out}, {grads[0]});
+    variable_list result{at::Tensor()};  // no gradient for the module argument
+    for (auto& d : detached) result.push_back(d.requires_grad() ? d.grad() : at::Tensor());
+    return result;
+  }
+};
+
+std::vector<at::Tensor> checkpoint_autograd(c10::IValue module, at::TensorList inputs) {
+  return Checkpoint::apply(module, inputs);
+}
+std::vector<at::Tensor> checkpoint_plain(c10::IValue module, at::TensorList inputs) {
+  torch::jit::Module m(module.toObject());
+  return {m.forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())).toTensor()};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(mfsdp, m) {
+  m.def(torch::schema("mfsdp::checkpoint(Any module, Tensor[] inputs) -> Tensor[]", c10::AliasAnalysisKind::CONSERVATIVE));
   m.def(torch::schema("mfsdp::pre_forward(int unit, Tensor[] inputs) -> Tensor[]", c10::AliasAnalysisKind::CONSERVATIVE));
   m.def(torch::schema("mfsdp::post_forward(int unit, Tensor[] outputs) -> Tensor[]", c10::AliasAnalysisKind::CONSERVATIVE));
 }
@@ -70,11 +117,13 @@ TORCH_LIBRARY(mfsdp, m) {
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("pre_forward", pre_forward_autograd);
   m.impl("post_forward", post_forward_autograd);
+  m.impl("checkpoint", checkpoint_autograd);
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("pre_forward", pre_forward_plain);
   m.impl("post_forward", post_forward_plain);
+  m.impl("checkpoint", checkpoint_plain);
 }
 
 void set_unit_hooks(UnitHooks* hooks) { g_hooks.store(hooks); }

@@ -80,22 +80,75 @@ torch::jit::Module submodule_at(const torch::jit::Module& root, const std::strin
   return m;
 }
 
-void instrument_units(Model& model) {
+namespace {
+
+void checkpoint_calls_in(torch::jit::Block* block, const std::set<const c10::ClassType*>& unit_types,
+                         const std::string& where, int& replaced) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    torch::jit::Node* node = *it;
+    ++it;
+    for (auto* sub : node->blocks()) checkpoint_calls_in(sub, unit_types, where, replaced);
+    if (node->kind() != c10::prim::CallMethod || node->s(c10::attr::name) != "forward") continue;
+    auto cls = node->input(0)->type()->cast<c10::ClassType>();
+    if (!cls || !unit_types.count(cls.get())) continue;
+    std::vector<torch::jit::Value*> args;
+    for (size_t i = 1; i < node->inputs().size(); ++i) {
+      if (!is_tensor(node->input(i)))
+        throw UserError("activation_checkpointing: a call of unit class " + cls->name()->name() + " in " + where +
+                        " passes a non-Tensor argument (" + node->input(i)->type()->str() +
+                        "); checkpointed units must take and return Tensors");
+      args.push_back(node->input(i));
+    }
+    if (node->outputs().size() != 1 || !is_tensor(node->output()))
+      throw UserError("activation_checkpointing: unit class " + cls->name()->name() + " returns " +
+                      node->output()->type()->str() + "; checkpointed units must return one Tensor");
+    torch::jit::Graph& g = *node->owningGraph();
+    torch::jit::WithInsertPoint guard(node);
+    auto* list = g.insertNode(g.createList(c10::TensorType::get(), args))->output();
+    auto* result = g.insert(c10::Symbol::fromQualString("mfsdp::checkpoint"), {node->input(0), list});
+    auto* unpack = g.insertNode(g.createListUnpack(result, 1));
+    unpack->output(0)->setType(node->output()->type());
+    node->output()->replaceAllUsesWith(unpack->output(0));
+    node->destroy();
+    ++replaced;
+  }
+}
+
+}  // namespace
+
+int instrument_units(Model& model, bool checkpoint_activations) {
   std::set<const c10::ClassType*> rewritten;
+  std::set<std::string> unit_paths;
   for (size_t u = 0; u < model.units().size(); ++u) {
     const auto& unit = model.units()[u];
     torch::jit::Module m = submodule_at(model.module(), unit.path);
-    if (m.hasattr(kUnitAttr)) m.setattr(kUnitAttr, int64_t(u));
-    else m.register_attribute(kUnitAttr, c10::IntType::get(), int64_t(u));
+    // register_attribute adds the slot to the (possibly shared) type and sets this instance's value.
+    m.register_attribute(kUnitAttr, c10::IntType::get(), int64_t(u));
+    unit_paths.insert(unit.path);
     const c10::ClassType* type = m.type().get();
     if (rewritten.insert(type).second) rewrite_forward(m, unit.path);
   }
   // Other instances of a rewritten type run the same graph: they read -1 and the ops do nothing.
+  // (hasattr() asks the shared type, not the instance, so set every one of them explicitly.)
   for (const auto& nm : model.module().named_modules()) {
     torch::jit::Module m = nm.value;
-    if (rewritten.count(m.type().get()) && !m.hasattr(kUnitAttr))
-      m.register_attribute(kUnitAttr, c10::IntType::get(), int64_t(-1));
+    if (rewritten.count(m.type().get()) && !unit_paths.count(nm.name)) m.setattr(kUnitAttr, int64_t(-1));
   }
+  if (!checkpoint_activations) return 0;
+  // Every graph that calls a unit: one rewrite per TorchScript type.
+  std::set<const c10::ClassType*> seen;
+  int replaced = 0;
+  for (const auto& nm : model.module().named_modules()) {
+    torch::jit::Module m = nm.value;
+    if (!seen.insert(m.type().get()).second || !m.find_method("forward")) continue;
+    auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
+    checkpoint_calls_in(fn.graph()->block(), rewritten, nm.name.empty() ? "the model's forward" : nm.name + ".forward",
+                        replaced);
+  }
+  if (replaced == 0)
+    throw UserError("activation_checkpointing: no call of a unit was found in the model's graphs (units: " +
+                    model.units().front().path + ", ...)");
+  return replaced;
 }
 
 }  // namespace mfsdp

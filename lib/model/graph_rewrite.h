@@ -9,7 +9,10 @@ namespace mfsdp {
 // mfsdp::pre_forward at the entry and mfsdp::post_forward at the return of each unit's forward
 // graph, once per TorchScript type (scripted units of one class share one graph; traced ones have a
 // type each). Tensor inputs and outputs (a Tensor or a tuple of Tensors) pass through the ops.
-void instrument_units(Model& model);
+// With `checkpoint_activations`, every call of a unit (prim::CallMethod forward on a unit's type)
+// in any graph of the model is replaced by mfsdp::checkpoint(module, [inputs]).
+// Returns the number of unit calls replaced.
+int instrument_units(Model& model, bool checkpoint_activations);
 
 // The module at a dotted path ("blocks.3").
 torch::jit::Module submodule_at(const torch::jit::Module& root, const std::string& path);

@@ -162,8 +162,10 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
                         "as __torch__.model.Block, or module-path globs such as blocks.*). The model's modules:\n" +
                         module_tree());
   } else {
-    // Auto: among the children of every module, group by class; the largest group of repeated
-    // siblings (ties: the one holding more parameters) is the set of units.
+    // Auto: among the children of every module, group by class; the group of repeated siblings
+    // (two or more) that holds the most parameters is the set of units (ties: more members).
+    // Weighing by parameters picks a model's transformer blocks over, say, the four projections
+    // inside one attention layer.
     size_t best_count = 1;
     int64_t best_params = -1;
     for (const auto& nm : modules) {
@@ -176,7 +178,7 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
         for (const auto& p : params_)
           for (const auto& path : paths)
             if (p.name.rfind(path + ".", 0) == 0) nparams += p.tensor.numel();
-        if (paths.size() > best_count || (paths.size() == best_count && nparams > best_params)) {
+        if (nparams > best_params || (nparams == best_params && paths.size() > best_count)) {
           best_count = paths.size();
           best_params = nparams;
           chosen.clear();

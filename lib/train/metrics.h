@@ -13,6 +13,9 @@ struct StepMetrics {
   double loss = 0, lr = 0, grad_norm = 0;
   double step_time_s = 0, tokens_per_s = 0, tflops_per_rank = 0, mfu = 0, peak_mem_mib = 0;
   int64_t consumed_samples = 0;
+  // This rank's bytes (rank 0's in the file): weights, separate main weights, main gradients,
+  // optimizer state, and the peak the FSDP engine held during the step.
+  int64_t mem_weights = 0, mem_main_weights = 0, mem_grads = 0, mem_optimizer = 0, mem_fsdp_peak = 0;
   std::optional<double> val_loss;
   bool skipped = false;  // NaN/Inf gradients and the step was not applied
 };

@@ -29,6 +29,7 @@
 #include "train/metrics.h"
 #include "train/system.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace mfsdp {
 namespace {
@@ -288,6 +289,18 @@ class Trainer {
     m.mfu = m.tflops_per_rank / peak_tflops_;
     m.peak_mem_mib = peak_memory_mib();
     m.consumed_samples = m.step * cfg_.training.global_batch_size;
+    const auto mem = engine_->memory();
+    m.mem_weights = mem.weights;
+    m.mem_main_weights = mem.main_weights;
+    m.mem_grads = mem.grads;
+    for (const auto& st : optimizer_->state()) m.mem_optimizer += int64_t(st.second.nbytes());
+    m.mem_fsdp_peak = engine_->take_peak_bytes() + m.mem_optimizer;
+    if (m.step == 1)
+      log(fmt::format("memory on rank {}: weights {}, main weights {}, gradients {}, optimizer state {}; peak held "
+                      "during step 1 {} (process peak RSS {:.0f} MiB)",
+                      rank_, human_bytes(double(m.mem_weights)), human_bytes(double(m.mem_main_weights)),
+                      human_bytes(double(m.mem_grads)), human_bytes(double(m.mem_optimizer)),
+                      human_bytes(double(m.mem_fsdp_peak)), m.peak_mem_mib));
     return m;
   }
 
