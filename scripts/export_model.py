@@ -77,13 +77,30 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class Stage(nn.Module):
+    """A group of blocks (for --nested: units two levels below the root)."""
+
+    def __init__(self, d: int, heads: int, n: int):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(n)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
 class Gpt(nn.Module):
-    def __init__(self, vocab: int, max_seq: int, d: int, layers: int, heads: int, tied: bool):
+    def __init__(self, vocab: int, max_seq: int, d: int, layers: int, heads: int, tied: bool, nested: bool = False):
         super().__init__()
         self.tied = tied
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(max_seq, d)
-        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+        if nested:  # trunk.stages.K.blocks.J
+            half = max(1, layers // 2)
+            self.blocks = nn.ModuleList([Stage(d, heads, half), Stage(d, heads, layers - half)])
+        else:
+            self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         if tied:
@@ -206,7 +223,7 @@ def build(args) -> nn.Module:
     if args.d_model % args.heads:
         raise SystemExit(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
     if args.arch == "gpt":
-        model = Gpt(args.vocab, args.max_seq, args.d_model, args.layers, args.heads, not args.untied)
+        model = Gpt(args.vocab, args.max_seq, args.d_model, args.layers, args.heads, not args.untied, args.nested)
     else:
         kv = args.kv_heads or args.heads
         if args.heads % kv:
@@ -231,6 +248,7 @@ def main() -> None:
     ap.add_argument("--untied", action="store_true", help="gpt: separate output head (default: tied to wte)")
     ap.add_argument("--tied", action="store_true", help="llama: tie the output head to the embedding")
     ap.add_argument("--trace", action="store_true", help="torch.jit.trace instead of torch.jit.script")
+    ap.add_argument("--nested", action="store_true", help="gpt: blocks grouped in two stages (blocks.K.blocks.J)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--state-dict", help="also save the initial state_dict (torch.save) here, for parity checks")
     ap.add_argument("--out", required=True)

@@ -267,9 +267,9 @@ class Trainer {
         names = fmt::format("; parameters with NaN/Inf gradients on rank {}: {}", rank_, fmt::join(bad, ", "));
       }
       if (cfg_.distributed.check_for_nan_in_grad)
-        throw UserError(fmt::format("step {}: the gradient norm is {} (NaN or Inf in gradients; loss {}){} "
+        throw UserError(fmt::format("step {} on rank {}: the gradient norm is {} (NaN or Inf in gradients; loss {}){} "
                                     "(distributed.check_for_nan_in_grad)",
-                                    m.step, m.grad_norm, m.loss, names));
+                                    m.step, rank_, m.grad_norm, m.loss, names));
       if (!names.empty()) log("warning: " + names.substr(2));
     }
     if (cfg_.training.clip_grad > 0) {
