@@ -64,7 +64,8 @@ def worker(rank, a):
 
 def export_model_defaults():
     ap = argparse.Namespace(arch="gpt", layers=4, d_model=256, heads=4, kv_heads=0, ffn_hidden=0, vocab=264,
-                            max_seq=128, rope_theta=10000.0, untied=False, tied=False, nested=False)
+                            max_seq=128, rope_theta=10000.0, untied=False, tied=False, nested=False,
+                            rope_buffer=False)
     return ap
 
 

@@ -132,16 +132,20 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, d: int, heads: int, kv_heads: int, rope_theta: float):
+    def __init__(self, d: int, heads: int, kv_heads: int, rope_theta: float, rope_buffer: bool = False):
         super().__init__()
         self.head_dim = d // heads
+        self.rope_theta = rope_theta
+        self.rope_buffer = rope_buffer
         self.q_proj = nn.Linear(d, heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(d, kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(d, kv_heads * self.head_dim, bias=False)
         self.core_attention = CoreAttention()
         self.o_proj = nn.Linear(heads * self.head_dim, d, bias=False)
+        # Rotary frequencies are computed in forward (no buffer), so that the model can be loaded on
+        # the meta device (init_fsdp_with_meta_device); --rope-buffer keeps one, as HF models do.
         inv_freq = 1.0 / (rope_theta ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", inv_freq if rope_buffer else torch.zeros(0), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         b, t = x.size(0), x.size(1)
@@ -151,7 +155,12 @@ class LlamaAttention(nn.Module):
         k = k.reshape(b, t, hkv, self.head_dim).transpose(1, 2)
         v = v.reshape(b, t, hkv, self.head_dim).transpose(1, 2)
         # Rotary embedding from the (global) position ids.
-        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq  # [B, T, D/2]
+        if self.rope_buffer:
+            inv_freq = self.inv_freq
+        else:
+            exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=x.device) / float(self.head_dim)
+            inv_freq = 1.0 / torch.pow(torch.full_like(exponent, self.rope_theta), exponent)
+        freqs = position_ids.float().unsqueeze(-1) * inv_freq  # [B, T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [B, 1, T, D]
         cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
         q = q * cos + rotate_half(q) * sin
@@ -175,10 +184,10 @@ class LlamaMlp(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, d: int, heads: int, kv_heads: int, hidden: int, rope_theta: float):
+    def __init__(self, d: int, heads: int, kv_heads: int, hidden: int, rope_theta: float, rope_buffer: bool):
         super().__init__()
         self.input_layernorm = RMSNorm(d)
-        self.self_attn = LlamaAttention(d, heads, kv_heads, rope_theta)
+        self.self_attn = LlamaAttention(d, heads, kv_heads, rope_theta, rope_buffer)
         self.post_attention_layernorm = RMSNorm(d)
         self.mlp = LlamaMlp(d, hidden)
 
@@ -189,10 +198,11 @@ class DecoderLayer(nn.Module):
 
 class Llama(nn.Module):
     def __init__(self, vocab: int, d: int, layers: int, heads: int, kv_heads: int, hidden: int,
-                 rope_theta: float, tied: bool):
+                 rope_theta: float, tied: bool, rope_buffer: bool = False):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList([DecoderLayer(d, heads, kv_heads, hidden, rope_theta) for _ in range(layers)])
+        self.layers = nn.ModuleList([DecoderLayer(d, heads, kv_heads, hidden, rope_theta, rope_buffer)
+                                     for _ in range(layers)])
         self.norm = RMSNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         if tied:
@@ -229,7 +239,8 @@ def build(args) -> nn.Module:
         if args.heads % kv:
             raise SystemExit(f"--heads {args.heads} is not divisible by --kv-heads {kv}")
         hidden = args.ffn_hidden or int(8 * args.d_model / 3 + 63) // 64 * 64
-        model = Llama(args.vocab, args.d_model, args.layers, args.heads, kv, hidden, args.rope_theta, args.tied)
+        model = Llama(args.vocab, args.d_model, args.layers, args.heads, kv, hidden, args.rope_theta, args.tied,
+                      args.rope_buffer)
     init_weights(model, args.layers)
     return model
 
@@ -245,6 +256,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=264, help="vocabulary size (byte-level data needs >= 257)")
     ap.add_argument("--max-seq", type=int, default=1024, help="gpt: learned positions")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--rope-buffer", action="store_true", help="llama: keep rotary frequencies in a buffer")
     ap.add_argument("--untied", action="store_true", help="gpt: separate output head (default: tied to wte)")
     ap.add_argument("--tied", action="store_true", help="llama: tie the output head to the embedding")
     ap.add_argument("--trace", action="store_true", help="torch.jit.trace instead of torch.jit.script")

@@ -43,6 +43,27 @@ Check<std::string> one_of(std::vector<std::string> choices) {
   };
 }
 
+std::string init_rules_check(const std::vector<std::string>& rules) {
+  for (const auto& r : rules) {
+    auto eq = r.find('=');
+    bool ok = eq != std::string::npos && eq > 0;
+    if (ok) {
+      std::string spec = r.substr(eq + 1);
+      char* end = nullptr;
+      if (spec == "zeros" || spec == "ones") {
+      } else if (spec.rfind("normal:", 0) == 0 || spec.rfind("uniform:", 0) == 0) {
+        const char* num = spec.c_str() + spec.find(':') + 1;
+        double x = std::strtod(num, &end);
+        ok = end != num && *end == 0 && x >= 0;
+      } else {
+        ok = false;
+      }
+    }
+    if (!ok) return "rules such as \"*.bias=zeros\", \"*norm*=ones\", \"*.c_proj.weight=normal:0.0025\" or \"*=uniform:0.1\" (bad: '" + r + "')";
+  }
+  return "";
+}
+
 Check<std::string> non_empty() {
   return [](const std::string& v) { return v.empty() ? std::string("a non-empty string") : std::string(); };
 }
@@ -495,6 +516,9 @@ void validate(const Config& c) {
   const auto& t = c.training;
   if (c.model.path.empty()) fail("model.path", "required: the TorchScript model file to train");
   if (c.data.train.empty()) fail("data.train", "required: a dataset path (Megatron prefix or llm.c .bin)");
+  if (!c.model.init_rules.empty() && !d.init_fsdp_with_meta_device)
+    fail("model.init_rules", "initialisation rules apply only with distributed.init_fsdp_with_meta_device: true "
+                             "(otherwise the weights come from the model file)");
   if (d.keep_fp8_transpose_cache)
     fail("distributed.keep_fp8_transpose_cache",
          "not supported: this build has no FP8 compute (no Transformer Engine), so there is no FP8 transpose "

@@ -56,6 +56,9 @@ struct DataSource {
 struct ModelConfig {
   std::string path;               // TorchScript file
   std::string compute_dtype = "fp32";  // fp32 | bf16
+  // Used by distributed.init_fsdp_with_meta_device (the file's weights are not loaded):
+  double init_std = 0.02;               // weights ~ N(0, init_std); biases 0; other 1-D (norms) 1
+  std::vector<std::string> init_rules;  // "glob=zeros|ones|normal:STD|uniform:A", first match wins
 };
 
 struct DataConfig {

@@ -9,6 +9,8 @@
 #include "config/config.h"
 #include "optim/optimizer.h"
 
+#include <ATen/core/Tensor.h>
+
 namespace mfsdp {
 
 class Model;
@@ -44,6 +46,13 @@ class ParallelEngine {
     int64_t weights = 0, main_weights = 0, grads = 0;
   };
   virtual Memory memory() const = 0;
+  // Parameters replaced on the module after wrapping (for example by loading weights into it, the
+  // reference API's snapshot/restore case): by parameter name, takes each replacement's values
+  // into the sharded buffers and puts the engine's own parameter back on the module. Returns how
+  // many parameters were replaced.
+  virtual int rebind_parameters() = 0;
+  // Sets parameters by name from full (unsharded) tensors; each rank keeps its part.
+  virtual void load_full_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) = 0;
   // Highest bytes held by the engine (persistent + gathered weights + gradients in flight) since
   // the last call; each call starts a new window.
   virtual int64_t take_peak_bytes() = 0;

@@ -17,12 +17,14 @@
 // for just before each unit's next forward when overlap_param_gather), strategy 3 just updates its
 // shard. With HSDP (dp_replicate > 1) the shard gradients are then all-reduced across replicas.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
+#include <map>
 
 #include "comm/communicator.h"
 #include "fsdp/engine.h"
@@ -87,7 +89,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         strategy_(static_cast<int>(cfg.distributed.zero_dp_strategy)),
         dp_(pg.get(MeshGroup::kDp)),
         shard_(pg.get(MeshGroup::kDpShardCp)),
-        replicate_(pg.get(MeshGroup::kDpReplicate)) {
+        replicate_(pg.get(MeshGroup::kDpReplicate)),
+        model_cfg_(cfg.model),
+        seed_(uint64_t(cfg.training.seed)) {
     const bool bf16 = cfg.model.compute_dtype == "bf16";
     cd_ = bf16 ? at::kBFloat16 : at::kFloat;
     md_ = (!bf16 || d_.preserve_fp32_weights) ? at::kFloat : at::kBFloat16;
@@ -97,6 +101,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     build_buckets(cfg);
     for (size_t b = 0; b < buckets_.size(); ++b) build_buffers(buckets_[b], int(b));
     build_slots(cfg);
+    if (model_.loaded_on_meta()) init_note_ = "; weights initialised shard by shard (init_fsdp_with_meta_device)";
     if (d_.fsdp_double_buffer)
       for (auto& buf : double_buffer_) buf = at::empty({double_buffer_size_}, cd_);
     // Keep each accumulator alive: a hook on a node that is later recreated would never fire.
@@ -248,7 +253,46 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         human_bytes(double(m.grads)), human_bytes(8.0 * double(local_elems)), d_.overlap_grad_reduce ? "on" : "off",
         d_.overlap_param_gather ? "on" : "off", d_.fsdp_double_buffer ? ", double buffer" : "",
         checkpointed_calls_ ? fmt::format("; activation checkpointing: {} unit calls recomputed in backward", checkpointed_calls_)
-                            : "");
+                            : "") + init_note_;
+  }
+
+  int rebind_parameters() override {
+    int replaced = 0;
+    auto& params = model_.params();
+    for (size_t pi = 0; pi < params.size(); ++pi) {
+      std::vector<std::string> names = params[pi].aliases;
+      names.insert(names.begin(), params[pi].name);
+      for (const auto& name : names) {
+        auto dot = name.rfind('.');
+        torch::jit::Module owner = submodule_at(model_.module(), dot == std::string::npos ? "" : name.substr(0, dot));
+        at::Tensor current = owner.attr(dot == std::string::npos ? name : name.substr(dot + 1)).toTensor();
+        if (current.is_same(params[pi].tensor)) continue;
+        if (current.sizes() != params[pi].tensor.sizes())
+          throw UserError(fmt::format("parameter {} was replaced by a tensor of shape [{}], expected [{}]", name,
+                                      fmt::join(current.sizes(), ", "), fmt::join(params[pi].tensor.sizes(), ", ")));
+        set_param_value(int(pi), current.detach());
+        ++replaced;
+      }
+      for (const auto& name : names) {
+        auto dot = name.rfind('.');
+        torch::jit::Module owner = submodule_at(model_.module(), dot == std::string::npos ? "" : name.substr(0, dot));
+        owner.register_parameter(dot == std::string::npos ? name : name.substr(dot + 1), params[pi].tensor, false);
+      }
+    }
+    return replaced;
+  }
+
+  void load_full_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) override {
+    std::map<std::string, int> by_name;
+    for (size_t pi = 0; pi < model_.params().size(); ++pi) {
+      by_name[model_.params()[pi].name] = int(pi);
+      for (const auto& a : model_.params()[pi].aliases) by_name[a] = int(pi);
+    }
+    for (const auto& [name, value] : weights) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) throw UserError("no parameter named " + name + " in " + model_.path());
+      set_param_value(it->second, value);
+    }
   }
 
   int64_t take_peak_bytes() override {
@@ -345,9 +389,116 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     (void)cfg;
   }
 
+  // The value of one parameter (full, unsharded) into whatever this rank holds of it.
+  void set_param_value(int pi, const at::Tensor& value) {
+    at::NoGradGuard ng;
+    const ParamInfo& info = info_[pi];
+    Bucket& b = buckets_[info.bucket];
+    if (value.numel() != info.numel)
+      throw UserError(fmt::format("parameter {}: {} elements given, {} expected", info.name, value.numel(), info.numel));
+    at::Tensor flat = value.reshape({-1}).to(at::kFloat);
+    if (strategy_ <= 2) b.full.narrow(0, info.offset, info.numel).copy_(flat);
+    const int64_t lo_shard = strategy_ == 0 ? 0 : r_ * b.shard, hi_shard = strategy_ == 0 ? b.padded : lo_shard + b.shard;
+    const int64_t lo = std::max(info.offset, lo_shard), hi = std::min(info.offset + info.numel, hi_shard);
+    if (hi > lo) {
+      at::Tensor part = flat.narrow(0, lo - info.offset, hi - lo);
+      if (strategy_ == 3) b.shard_w.narrow(0, lo - lo_shard, hi - lo).copy_(part);
+      if (!b.main.is_same(b.full) && !(strategy_ == 3 && b.main.is_same(b.shard_w)) &&
+          !(strategy_ >= 1 && strategy_ <= 2 && md_ == cd_))
+        b.main.narrow(0, lo - lo_shard, hi - lo).copy_(part);
+    }
+    if (strategy_ == 3) release(b);  // a gathered copy would be stale
+  }
+
+  // ---- init_fsdp_with_meta_device: each rank initialises only its shard. Random values come in
+  // chunks of 64 Ki elements seeded by (parameter name, chunk, training.seed), so every element
+  // gets the same value whatever the world size or strategy, and no rank generates more than its
+  // shard (plus one chunk at each end).
+  struct InitRule {
+    std::string kind;  // zeros, ones, normal, uniform
+    double scale = 0;
+  };
+
+  InitRule rule_for(int pi) const {
+    const auto& p = model_.params()[pi];
+    std::vector<std::string> names = p.aliases;
+    names.insert(names.begin(), p.name);
+    for (const auto& r : model_cfg_.init_rules) {
+      auto eq = r.find('=');
+      std::string glob = r.substr(0, eq), spec = r.substr(eq + 1);
+      for (const auto& n : names)
+        if (glob_match(glob, n)) {
+          if (spec == "zeros" || spec == "ones") return {spec, 0};
+          auto colon = spec.find(':');
+          return {spec.substr(0, colon), std::strtod(spec.c_str() + colon + 1, nullptr)};
+        }
+    }
+    if (p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0) return {"zeros", 0};
+    if (p.tensor.dim() == 1) return {"ones", 0};
+    return {"normal", model_cfg_.init_std};
+  }
+
+  static uint64_t fnv1a(const std::string& s) {
+    uint64_t h = 1469598103934665603ULL;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+    return h;
+  }
+
+  // Writes the values of elements [from, to) of parameter pi into out (to - from elements).
+  void init_values(int pi, int64_t from, int64_t to, at::Tensor out) const {
+    const InitRule rule = rule_for(pi);
+    if (rule.kind == "zeros") return void(out.zero_());
+    if (rule.kind == "ones") return void(out.fill_(1));
+    constexpr int64_t kChunk = 1 << 16;
+    const int64_t numel = model_.params()[pi].tensor.numel();
+    const uint64_t base = fnv1a(model_.params()[pi].name) ^ (seed_ * 0x9E3779B97F4A7C15ULL);
+    for (int64_t c = from / kChunk; c * kChunk < to; ++c) {
+      const int64_t c0 = c * kChunk, c1 = std::min(numel, c0 + kChunk);
+      at::Generator gen = at::detail::createCPUGenerator(base + uint64_t(c) * 0xBF58476D1CE4E5B9ULL);
+      at::Tensor vals = at::empty({c1 - c0}, at::kFloat);
+      if (rule.kind == "normal") vals.normal_(0.0, rule.scale, gen);
+      else vals.uniform_(-rule.scale, rule.scale, gen);
+      const int64_t lo = std::max(from, c0), hi = std::min(to, c1);
+      out.narrow(0, lo - from, hi - lo).copy_(vals.narrow(0, lo - c0, hi - lo));
+    }
+  }
+
+  // Fills `dst`, which holds bucket elements [start, start + dst.numel()), from the rules.
+  void init_range(const Bucket& b, at::Tensor dst, int64_t start) const {
+    dst.zero_();
+    const int64_t end = start + dst.numel();
+    for (int pi : b.params) {
+      const ParamInfo& info = info_[pi];
+      const int64_t lo = std::max(start, info.offset), hi = std::min(end, info.offset + info.numel);
+      if (hi > lo) init_values(pi, lo - info.offset, hi - info.offset, dst.narrow(0, lo - start, hi - lo));
+    }
+  }
+
   void build_buffers(Bucket& b, int index) {
     at::NoGradGuard ng;
     auto& params = model_.params();
+    if (model_.loaded_on_meta()) {
+      // The full buffer is reserved but never written here (no pages touched under strategy 3).
+      b.full = at::empty({b.padded}, cd_);
+      for (int pi : b.params)
+        params[pi].tensor.set_data(b.full.narrow(0, info_[pi].offset, info_[pi].numel).view(params[pi].tensor.sizes()));
+      if (strategy_ == 3) {
+        b.shard_w = at::empty({b.shard}, cd_);
+        init_range(b, b.shard_w, r_ * b.shard);
+        b.main = md_ == cd_ ? b.shard_w : b.shard_w.to(md_);
+        b.gathered = true;
+        track(int64_t(b.padded) * int64_t(at::elementSize(cd_)));
+        release(b);
+      } else {
+        at::Tensor mine = b.full.narrow(0, r_ * b.shard, b.shard);
+        init_range(b, mine, r_ * b.shard);
+        shard_.all_gather(b.full, mine);  // strategies 0-2 hold the full weights
+        b.main = md_ == cd_ ? (strategy_ == 0 ? b.full : mine) : (strategy_ == 0 ? b.full : mine).to(md_);
+      }
+      if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, gd_);
+      b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, gd_);
+      return;
+    }
     b.full = at::zeros({b.padded}, cd_);
     for (int pi : b.params) {
       const ParamInfo& info = info_[pi];
@@ -457,6 +608,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   const DistributedConfig& d_;
   int strategy_;
   Communicator &dp_, &shard_, &replicate_;
+  const ModelConfig& model_cfg_;
+  uint64_t seed_;
   at::ScalarType cd_, md_, gd_;
   int64_t S_ = 1, r_ = 0;
   std::vector<Bucket> buckets_;
@@ -468,6 +621,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   at::Tensor double_buffer_[2];
   bool last_micro_ = true;
   int checkpointed_calls_ = 0;
+  std::string init_note_;
   int64_t transient_ = 0, transient_peak_ = 0;  // gathered weights and gradients in flight, in bytes
 
   void track(int64_t delta) {

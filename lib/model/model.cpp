@@ -35,7 +35,7 @@ void set_param(torch::jit::Module root, const std::string& dotted, const at::Ten
 }
 }  // namespace
 
-Model Model::load(const std::string& path) {
+Model Model::load(const std::string& path, bool on_meta) {
   if (const char* mode = std::getenv("MFSDP_JIT_EXECUTOR")) {  // measurement knob (bench/)
     std::string v = mode;
     if (v == "simple") { torch::jit::getProfilingMode() = false; torch::jit::getExecutorMode() = false; }
@@ -44,8 +44,9 @@ Model Model::load(const std::string& path) {
   }
   Model m;
   m.path_ = path;
+  m.on_meta_ = on_meta;
   try {
-    m.module_ = torch::jit::load(path, at::kCPU);
+    m.module_ = torch::jit::load(path, on_meta ? c10::Device(c10::kMeta) : c10::Device(at::kCPU));
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     throw UserError(path + ": cannot load this TorchScript model (model.path): " + what.substr(0, what.find('\n')));
@@ -56,10 +57,12 @@ Model Model::load(const std::string& path) {
     throw UserError(path + ": the TorchScript module has no forward method");
   // Unique parameters: tensors that share storage (tied weights) become one parameter, and every
   // alias attribute is pointed at the same tensor so that autograd accumulates one gradient.
-  std::map<std::tuple<const void*, std::vector<int64_t>>, int> seen;
+  // Identity is the storage object (meta tensors have no data pointer), offset and shape.
+  std::map<std::tuple<const void*, int64_t, std::vector<int64_t>>, int> seen;
   for (const auto& np : m.module_.named_parameters(/*recurse=*/true)) {
     at::Tensor t = np.value;
-    auto key = std::make_tuple(static_cast<const void*>(t.data_ptr()), t.sizes().vec());
+    auto key = std::make_tuple(static_cast<const void*>(t.storage().unsafeGetStorageImpl()), t.storage_offset(),
+                               t.sizes().vec());
     auto it = seen.find(key);
     if (it != seen.end()) {
       m.params_[it->second].aliases.push_back(np.name);
@@ -70,6 +73,20 @@ Model Model::load(const std::string& path) {
     m.params_.push_back({np.name, {}, t, -1});
   }
   if (m.params_.empty()) throw UserError(path + ": the model has no parameters to train");
+  if (on_meta) {
+    std::vector<std::string> lost;
+    for (const auto& nb : m.module_.named_buffers(true))
+      if (nb.value.numel() > 0) lost.push_back(nb.name);
+    if (!lost.empty())
+      throw UserError(path + ": distributed.init_fsdp_with_meta_device loads the model without its tensors, but it has "
+                      "buffers whose values exist only in the file (" + join(lost, ", ") + "); compute them in forward "
+                      "(as scripts/export_model.py does for rotary frequencies) or set init_fsdp_with_meta_device: false");
+    // Placeholders of the right shape; at::empty touches no pages, and the engine replaces the data.
+    for (auto& p : m.params_) {
+      p.tensor = at::empty(p.tensor.sizes(), at::TensorOptions().dtype(p.tensor.scalar_type())).set_requires_grad(true);
+      set_param(m.module_, p.name, p.tensor);
+    }
+  }
   for (auto& p : m.params_)
     for (const auto& alias : p.aliases) set_param(m.module_, alias, p.tensor);
   return m;

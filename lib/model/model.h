@@ -26,7 +26,11 @@ struct ModelUnit {
 class Model {
  public:
   // Loads `path`; errors name the file. Parameters sharing storage become one parameter.
-  static Model load(const std::string& path);
+  // on_meta: tensors go to the meta device (read one at a time and dropped: the file's weights never
+  // exist in memory); parameters become empty CPU placeholders for the engine to fill shard by
+  // shard. A model with non-empty buffers cannot be loaded so: its buffer values live only in the file.
+  static Model load(const std::string& path, bool on_meta = false);
+  bool loaded_on_meta() const { return on_meta_; }
 
   torch::jit::Module& module() { return module_; }
   const std::vector<ModelParam>& params() const { return params_; }
@@ -56,6 +60,7 @@ class Model {
   std::string path_;
   std::vector<ModelParam> params_;
   std::vector<ModelUnit> units_;
+  bool on_meta_ = false;
 };
 
 // "__torch__.___torch_mangle_3.Block" -> "Block"; "__torch__.model.Block" -> "model.Block" kept

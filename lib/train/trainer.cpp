@@ -137,7 +137,7 @@ class Trainer {
                                 shape_.cp, shape_.tp),
                     threads, blas_description()));
 
-    model_ = std::make_unique<Model>(Model::load(cfg_.model.path));
+    model_ = std::make_unique<Model>(Model::load(cfg_.model.path, cfg_.distributed.init_fsdp_with_meta_device));
     const std::string units = model_->find_units(cfg_.distributed.megatron_fsdp_unit_modules,
                                                  cfg_.where("distributed.megatron_fsdp_unit_modules"));
     const bool bf16 = cfg_.model.compute_dtype == "bf16";

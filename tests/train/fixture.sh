@@ -17,6 +17,7 @@ export_model --arch gpt --layers 1 --d-model 32 --heads 2 --vocab 200 --max-seq 
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
+export_model --arch llama --layers 1 --d-model 32 --heads 2 --vocab 264 --rope-buffer --out "$out/llama_rope_buffer.pt"
 cat > "$out/base.yaml" <<YAML
 # The parity tests' experiment: 20 steps, fp32, global batch 16 in micro-batches of 2.
 run_dir: $out/run
