@@ -226,3 +226,18 @@ TEST_CASE("malformed: command-line overrides") {
                {"distributed.zero_dp_strategy=7"});
   expect_error(kMinimal, {"invalid character"}, {"training.max-steps=3"});
 }
+
+TEST_CASE("malformed: initialisation rules") {
+  expect_error(kMinimal + "model:\n  init_rules: ['*.bias=zero']\n", {"duplicate key 'model'"});
+  expect_error("model:\n  path: m\n  init_rules: ['*.bias=zero']\ndistributed: {init_fsdp_with_meta_device: true}\n"
+               "data: {train: d}\n",
+               {"t.yaml:3:15", "model.init_rules", "bad: '*.bias=zero'"});
+  expect_error("model:\n  path: m\n  init_rules: ['*.bias=normal:x']\ndistributed: {init_fsdp_with_meta_device: true}\n"
+               "data: {train: d}\n",
+               {"t.yaml:3:15", "model.init_rules"});
+  expect_error("model:\n  path: m\n  init_rules: ['*.bias=zeros']\ndata: {train: d}\n",
+               {"t.yaml:3:15", "model.init_rules", "init_fsdp_with_meta_device"});
+  Config c = load("model:\n  path: m\n  init_rules: ['*.bias=zeros', 'x=normal:0.1']\n"
+                  "distributed: {init_fsdp_with_meta_device: true}\ndata: {train: d}\n");
+  CHECK(c.model.init_rules.size() == 2);
+}

@@ -164,7 +164,29 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       b.grad_full.narrow(0, info.offset, info.numel).add_(g.reshape({-1}));
     }
     p.tensor.mutable_grad() = at::Tensor();  // the main gradient holds it now
-    if (--b.pending == 0 && d_.overlap_grad_reduce && (last_micro_ || strategy_ >= 2)) launch_reduce(b);
+    if (--b.pending == 0) {
+      if (d_.overlap_grad_reduce && (last_micro_ || strategy_ >= 2)) launch_reduce(b);
+      retire_finished_reduces();
+    }
+  }
+
+  // Strategies 2-3: a finished reduce-scatter's full-size gradient buffer is freed at once (its
+  // shard added to the main gradients) instead of waiting for the next micro-batch or the step end.
+  void retire_finished_reduces() {
+    if (strategy_ < 2) return;
+    for (auto& b : buckets_) {
+      auto& rs = b.reduces;
+      for (auto it = rs.begin(); it != rs.end();) {
+        if (!it->work->is_completed()) {
+          ++it;
+          continue;
+        }
+        it->work->wait();
+        b.grad_shard.add_(it->out);
+        track(-b.padded * int64_t(at::elementSize(gd_)));
+        it = rs.erase(it);
+      }
+    }
   }
 
   void end_micro_batch() override {
