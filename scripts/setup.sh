@@ -13,6 +13,7 @@ packages=(
   libtorch-dev python3-torch                       # LibTorch 1.13 (C++) and PyTorch to export models
   libopenmpi-dev openmpi-bin                       # MPI: launch and CPU collectives
   libyaml-cpp-dev libfmt-dev libcli11-dev catch2   # config, formatting, CLI, tests
+  nlohmann-json3-dev                               # checkpoint index (JSON)
   libopenblas0-pthread                             # fast BLAS for LibTorch (reference BLAS is ~50x slower)
   libsentencepiece-dev                             # prepare-data with a SentencePiece model
   bible-kjv bible-kjv-text                         # the demo corpus (public domain)

@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
+#include "checkpoint/checkpoint.h"
 #include "data/prepare.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -20,10 +21,11 @@ Runner add_train(CLI::App& cmd) {
                                     : load_config_file(args->file, args->overrides);
     TrainResult r = train(cfg);
     if (MpiEnv::world_rank() == 0) {
-      std::printf("done: %lld steps, final loss %.4f%s; run directory %s (metrics.jsonl, config.yaml)\n",
-                  (long long)r.steps, r.last_loss,
+      std::printf("%s: %lld steps%s, final loss %.4f%s; run directory %s (metrics.jsonl, config.yaml)%s\n",
+                  r.preempted ? "stopped by signal" : "done", (long long)r.steps,
+                  r.resumed_from ? (" (resumed at step " + std::to_string(r.resumed_from) + ")").c_str() : "", r.last_loss,
                   r.last_val_loss ? (", validation loss " + std::to_string(*r.last_val_loss)).c_str() : "",
-                  cfg.run_dir.c_str());
+                  cfg.run_dir.c_str(), r.last_checkpoint.empty() ? "" : ("; checkpoint " + r.last_checkpoint).c_str());
     }
     return 0;
   };
@@ -59,6 +61,36 @@ Runner add_plot(CLI::App& cmd) {
     std::printf("wrote %s (%d points)\n", path.c_str(), n);
     return 0;
   };
+}
+
+}  // namespace mfsdp::cli
+
+namespace mfsdp::cli {
+
+Runner add_export(CLI::App& cmd) {
+  auto dir = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  auto format = std::make_shared<std::string>("safetensors");
+  auto model = std::make_shared<std::string>();
+  cmd.add_option("--checkpoint", *dir, "A checkpoint step directory (for example ckpt/step_00001000)")->required();
+  cmd.add_option("-o,--out", *out, "Output file")->required();
+  cmd.add_option("--format", *format, "safetensors (consolidated weights) or torchscript (the model with them)")
+      ->check(CLI::IsMember({"safetensors", "torchscript"}))
+      ->capture_default_str();
+  cmd.add_option("--model", *model, "TorchScript model for --format torchscript (default: the one the run trained)");
+  return [dir, out, format, model]() {
+    export_checkpoint(*dir, *out, *format, *model);
+    std::printf("wrote %s (%s) from %s\n", out->c_str(), format->c_str(), dir->c_str());
+    return 0;
+  };
+}
+
+Runner add_inspect(CLI::App& cmd) {
+  auto dir = std::make_shared<std::string>();
+  auto verbose = std::make_shared<bool>(false);
+  cmd.add_option("checkpoint", *dir, "A checkpoint step directory")->required();
+  cmd.add_flag("-v,--verbose", *verbose, "List every parameter");
+  return [dir, verbose]() { return inspect_checkpoint(*dir, *verbose) == 0 ? 0 : 1; };
 }
 
 }  // namespace mfsdp::cli

@@ -14,6 +14,8 @@ Runner add_bench_comm(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_prepare_data(CLI::App& app);
 Runner add_plot(CLI::App& app);
+Runner add_export(CLI::App& app);
+Runner add_inspect(CLI::App& app);
 
 // Loads the config named by -c (or the embedded default) with the overrides.
 struct ConfigArgs {

@@ -40,6 +40,10 @@ int main(int argc, char** argv) {
   runners[prep] = {mfsdp::cli::add_prepare_data(*prep), false};
   auto* plot = app.add_subcommand("plot", "Draw a run's loss curves (metrics.jsonl) as SVG");
   runners[plot] = {mfsdp::cli::add_plot(*plot), false};
+  auto* exp = app.add_subcommand("export", "Consolidate a checkpoint into safetensors (or a TorchScript model)");
+  runners[exp] = {mfsdp::cli::add_export(*exp), false};
+  auto* insp = app.add_subcommand("inspect", "Show a checkpoint's metadata and verify its checksums");
+  runners[insp] = {mfsdp::cli::add_inspect(*insp), false};
 
   try {
     app.parse(argc, argv);

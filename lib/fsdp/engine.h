@@ -53,6 +53,16 @@ class ParallelEngine {
   virtual int rebind_parameters() = 0;
   // Sets parameters by name from full (unsharded) tensors; each rank keeps its part.
   virtual void load_full_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) = 0;
+  // Checkpoints. For each optimizer slot: the parameter's shape and the flat element range
+  // [begin, end) of the parameter that the slot holds.
+  struct SlotRange {
+    std::vector<int64_t> shape;
+    int64_t begin = 0, end = 0;
+  };
+  virtual const std::vector<SlotRange>& slot_ranges() const = 0;
+  // Whether this rank writes its slots: replicas of the same shard (no_shard's data-parallel peers,
+  // HSDP's replicas) leave it to the first of them.
+  virtual bool checkpoint_writer() const = 0;
   // Highest bytes held by the engine (persistent + gathered weights + gradients in flight) since
   // the last call; each call starts a new window.
   virtual int64_t take_peak_bytes() = 0;

@@ -278,6 +278,11 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
                             : "") + init_note_;
   }
 
+  const std::vector<SlotRange>& slot_ranges() const override { return ranges_; }
+  bool checkpoint_writer() const override {
+    return strategy_ == 0 ? dp_.rank() == 0 : replicate_.rank() == 0;
+  }
+
   int rebind_parameters() override {
     int replaced = 0;
     auto& params = model_.params();
@@ -559,6 +564,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       s.grad = b.grad_shard.narrow(0, lo - lo_shard, hi - lo);
       s.decay = params[pi].tensor.dim() >= 2 || cfg.optimizer.decay_norm_and_bias;
       slots_.push_back(s);
+      ranges_.push_back({params[pi].tensor.sizes().vec(), lo - info.offset, hi - info.offset});
     }
   }
 
@@ -639,6 +645,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   std::vector<std::vector<int>> unit_groups_;  // unit -> its buckets (one, or one per parameter)
   int64_t double_buffer_size_ = 0;
   std::vector<OptimSlot> slots_;
+  std::vector<SlotRange> ranges_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   at::Tensor double_buffer_[2];
   bool last_micro_ = true;

@@ -24,13 +24,20 @@ void update_fp32(at::Tensor& weight, F&& body) {
 class Adam final : public Optimizer {
  public:
   Adam(const OptimizerConfig& c, bool decoupled) : c_(c), decoupled_(decoupled) {}
-  void step(std::vector<OptimSlot>& slots, double lr) override {
-    if (m_.empty()) {
-      for (auto& s : slots) {
-        m_.push_back(at::zeros_like(s.weight, at::kFloat));
-        v_.push_back(at::zeros_like(s.weight, at::kFloat));
-      }
+  void ensure(const std::vector<OptimSlot>& slots) {
+    if (!m_.empty()) return;
+    for (auto& s : slots) {
+      m_.push_back(at::zeros_like(s.weight, at::kFloat));
+      v_.push_back(at::zeros_like(s.weight, at::kFloat));
     }
+  }
+  std::vector<std::string> state_kinds() const override { return {"exp_avg", "exp_avg_sq"}; }
+  at::Tensor slot_state(const std::string& kind, size_t slot, const std::vector<OptimSlot>& slots) override {
+    ensure(slots);
+    return kind == "exp_avg" ? m_.at(slot) : v_.at(slot);
+  }
+  void step(std::vector<OptimSlot>& slots, double lr) override {
+    ensure(slots);
     ++step_;
     const double b1 = c_.betas[0], b2 = c_.betas[1];
     const double bc1 = 1.0 - std::pow(b1, double(step_)), bc2 = 1.0 - std::pow(b2, double(step_));
@@ -44,7 +51,7 @@ class Adam final : public Optimizer {
           if (decoupled_) w.mul_(1.0 - lr * wd);
           else g = g.add(w, wd);
         }
-        m_[i].lerp_(g, 1.0 - b1);
+        m_[i].mul_(b1).add_(g, 1.0 - b1);
         v_[i].mul_(b2).addcmul_(g, g, 1.0 - b2);
         at::Tensor denom = (v_[i].sqrt() / bc2_sqrt).add_(c_.eps);
         w.addcdiv_(m_[i], denom, -step_size);
@@ -69,6 +76,13 @@ class Adam final : public Optimizer {
 class Sgd final : public Optimizer {
  public:
   explicit Sgd(const OptimizerConfig& c) : c_(c) {}
+  std::vector<std::string> state_kinds() const override { return {"momentum_buffer"}; }
+  at::Tensor slot_state(const std::string&, size_t slot, const std::vector<OptimSlot>& slots) override {
+    if (buf_.empty()) buf_.resize(slots.size());
+    // A zero buffer is what the first step would start from: 0 * momentum + g = g.
+    if (!buf_.at(slot).defined()) buf_[slot] = at::zeros_like(slots[slot].weight, at::kFloat);
+    return buf_[slot];
+  }
   void step(std::vector<OptimSlot>& slots, double lr) override {
     if (buf_.empty()) buf_.resize(slots.size());
     ++step_;

@@ -25,8 +25,13 @@ class Optimizer {
   // One update with learning rate `lr`. Slots must be the same (names, shapes) at every call.
   virtual void step(std::vector<OptimSlot>& slots, double lr) = 0;
   int64_t steps_taken() const { return step_; }
-  // Named state tensors (for checkpoints): "exp_avg.<slot>", ...
+  void set_steps_taken(int64_t n) { step_ = n; }
+  // Named state tensors (for memory accounting): "exp_avg.<slot>", ...
   virtual std::vector<std::pair<std::string, at::Tensor>> state() = 0;
+  // Checkpoints: the kinds of per-slot state ("exp_avg", "exp_avg_sq" / "momentum_buffer") and
+  // each slot's tensor of a kind, allocated (zeros) on first use so that a loaded run can fill it.
+  virtual std::vector<std::string> state_kinds() const = 0;
+  virtual at::Tensor slot_state(const std::string& kind, size_t slot, const std::vector<OptimSlot>& slots) = 0;
 
  protected:
   int64_t step_ = 0;

@@ -18,6 +18,11 @@
 #include <cmath>
 #include <cstdio>
 
+#include <atomic>
+#include <csignal>
+#include <fstream>
+
+#include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
 #include "comm/mpi_env.h"
 #include "data/gpt_dataset.h"
@@ -35,6 +40,11 @@ namespace mfsdp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// SLURM's warning signals (SIGUSR1 with --signal, SIGTERM at preemption): finish the step, save,
+// exit 0. The handler only sets a flag; the ranks agree on it after every step.
+std::atomic<int> g_stop_signal{0};
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -69,7 +79,8 @@ class Trainer {
   TrainResult run() {
     setup();
     TrainResult result;
-    for (int64_t step = 0; step < cfg_.training.max_steps; ++step) {
+    result.resumed_from = start_step_;
+    for (int64_t step = start_step_; step < cfg_.training.max_steps; ++step) {
       StepMetrics m = train_step(step);
       const int64_t s = step + 1;
       const bool last = s == cfg_.training.max_steps;
@@ -80,12 +91,33 @@ class Trainer {
       result.steps = s;
       result.last_loss = m.loss;
       if (m.val_loss) result.last_val_loss = m.val_loss;
+      if (ckpt_) ckpt_->poll();
+      if (ckpt_ && cfg_.checkpoint.save_every > 0 && s % cfg_.checkpoint.save_every == 0 && !last) save(s, result);
+      // Ranks agree on a stop signal received by any of them.
+      at::Tensor stop = at::full({1}, int64_t(g_stop_signal.load()), at::kLong);
+      pg_->get(MeshGroup::kWorld).all_reduce(stop, ReduceOp::kMax);
+      if (stop.item<int64_t>() != 0 && !last) {
+        if (ckpt_) save(s, result);
+        log(fmt::format("received {} : stopped after step {}{}", strsignal(int(stop.item<int64_t>())), s,
+                        ckpt_ ? "; resume with checkpoint.resume=auto" : " (no checkpoint.dir: nothing saved)"));
+        result.preempted = true;
+        break;
+      }
     }
+    if (ckpt_ && cfg_.checkpoint.save_final && !result.preempted && result.steps == cfg_.training.max_steps)
+      save(result.steps, result);
+    if (ckpt_) ckpt_->poll(/*wait=*/true);
     if (progress_) std::printf("\n");
     return result;
   }
 
  private:
+  void save(int64_t step, TrainResult& result) {
+    ckpt_->save({step, step * cfg_.training.global_batch_size});
+    result.last_checkpoint = *cfg_.checkpoint.dir + "/" + ckpt_->step_dir_name(step);
+    log(fmt::format("checkpoint {}{}", result.last_checkpoint, cfg_.checkpoint.async ? " (writing in the background)" : ""));
+  }
+
   void log(const std::string& line) {
     if (rank0_ || cfg_.logging.all_ranks) {
       if (progress_) std::printf("\r\033[K");
@@ -175,13 +207,40 @@ class Trainer {
       log(fmt::format("MFU against a measured peak of {:.3f} TFLOP/s per rank ({} matmul, {} threads, all ranks at once)",
                       peak_tflops_, bf16 ? "bf16" : "fp32", threads));
     }
-    if (rank0_) metrics_ = std::make_unique<MetricsWriter>(cfg_.run_dir + "/metrics.jsonl", /*append=*/false);
+    if (cfg_.checkpoint.dir || cfg_.checkpoint.resume != "auto")
+      ckpt_ = std::make_unique<CheckpointManager>(cfg_, *pg_, *model_, *engine_, *optimizer_);
+    if (ckpt_) {
+      if (auto dir = ckpt_->resume_dir()) {
+        TrainerState st = ckpt_->load(*dir);
+        start_step_ = st.step;
+        log(fmt::format("resumed from {} at step {} ({} samples consumed)", *dir, st.step, st.consumed_samples));
+      }
+    }
+    if (!cfg_.checkpoint.dir) ckpt_.reset();  // resumed from a path, saving nowhere
+    if (rank0_) {
+      const std::string path = cfg_.run_dir + "/metrics.jsonl";
+      if (start_step_ > 0) truncate_metrics(path, start_step_);  // drop steps the resumed run will redo
+      metrics_ = std::make_unique<MetricsWriter>(path, /*append=*/start_step_ > 0);
+    }
+    std::signal(SIGTERM, on_stop_signal);
+    std::signal(SIGUSR1, on_stop_signal);
     // auto: a bar only on a terminal of our own; under mpirun/srun a rank's stdout may be a pty that
     // the launcher forwards into a file or pipe, so launched jobs print plain lines.
     const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_PROCID");
     progress_ = rank0_ && cfg_.logging.progress != "off" &&
                 (cfg_.logging.progress == "on" || (isatty(1) && !launched));
     start_ = Clock::now();
+  }
+
+  // Keeps the lines of steps <= `step` (a crashed run may have logged steps past its checkpoint).
+  static void truncate_metrics(const std::string& path, int64_t step) {
+    std::ifstream in(path);
+    std::string kept, line;
+    while (std::getline(in, line)) {
+      auto pos = line.find("\"step\": ");
+      if (pos != std::string::npos && std::atoll(line.c_str() + pos + 8) <= step) kept += line + "\n";
+    }
+    write_file_atomically(path, kept);
   }
 
   // One tiny forward before training: checks the model contract (forward(tokens, position_ids) ->
@@ -332,6 +391,8 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataPipeline> data_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<CheckpointManager> ckpt_;
+  int64_t start_step_ = 0;
   int64_t accum_ = 1, n_params_ = 0, vocab_ = 0;
   double flops_per_token_ = 0, peak_tflops_ = 1;
   Clock::time_point start_;

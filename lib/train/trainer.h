@@ -1,6 +1,7 @@
 // `mfsdp train`: the training loop. Collective over MPI_COMM_WORLD.
 #pragma once
 #include <optional>
+#include <string>
 
 #include "config/config.h"
 
@@ -8,6 +9,9 @@ namespace mfsdp {
 
 struct TrainResult {
   int64_t steps = 0;
+  int64_t resumed_from = 0;        // step of the checkpoint the run started from (0: fresh)
+  bool preempted = false;          // stopped by SIGTERM/SIGUSR1 after saving
+  std::string last_checkpoint;
   double last_loss = 0;
   std::optional<double> last_val_loss;
 };

@@ -13,12 +13,12 @@ import math
 import sys
 
 
-def losses(run_dir, key):
+def losses(run_dir, key, after=0):
     out = {}
     with open(f"{run_dir}/metrics.jsonl") as f:
         for line in f:
             m = json.loads(line)
-            if m.get(key) is not None:
+            if m.get(key) is not None and m["step"] > after:
                 out[m["step"]] = m[key]
     return out
 
@@ -30,11 +30,12 @@ def main():
     ap.add_argument("--key", default="loss")
     ap.add_argument("--steps", type=int, default=0, help="expected number of steps (0: any)")
     ap.add_argument("--falls-below", type=float, default=None)
+    ap.add_argument("--after", type=int, default=0, help="compare only steps after this one (resumed runs)")
     a = ap.parse_args()
-    ref = losses(a.runs[0], a.key)
+    ref = losses(a.runs[0], a.key, a.after)
     if not ref:
         sys.exit(f"{a.runs[0]}: no '{a.key}' values")
-    if a.steps and len(ref) != a.steps:
+    if a.steps and len(ref) != a.steps - a.after:
         sys.exit(f"{a.runs[0]}: {len(ref)} steps, expected {a.steps}")
     if a.falls_below is not None:
         last = ref[max(ref)]
@@ -44,7 +45,7 @@ def main():
             sys.exit(f"{a.runs[0]}: final {a.key} {last:.4f} is not below {a.falls_below}")
     failed = False
     for run in a.runs[1:]:
-        other = losses(run, a.key)
+        other = losses(run, a.key, a.after)
         if sorted(other) != sorted(ref):
             print(f"{run}: steps {sorted(other)[:3]}... differ from the reference's {sorted(ref)[:3]}...")
             failed = True

@@ -1,0 +1,508 @@
+#include "checkpoint/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "checkpoint/safetensors.h"
+#include "comm/communicator.h"
+#include "fsdp/engine.h"
+#include "mesh/process_groups.h"
+#include "model/graph_rewrite.h"
+#include "model/model.h"
+#include "optim/optimizer.h"
+#include "util/error.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace mfsdp {
+namespace {
+
+constexpr const char* kFormat = "mfsdp-checkpoint-1";
+
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+
+// Every rank's string, on every rank (all-gather of lengths, then of the padded bytes).
+std::vector<std::string> all_gather_strings(Communicator& c, const std::string& s) {
+  at::Tensor len = at::full({1}, int64_t(s.size()), at::kLong), lens = at::empty({c.size()}, at::kLong);
+  c.all_gather(lens, len);
+  int64_t max_len = std::max<int64_t>(1, lens.max().item<int64_t>());
+  at::Tensor mine = at::zeros({max_len}, at::kByte), all = at::empty({max_len * c.size()}, at::kByte);
+  std::memcpy(mine.data_ptr(), s.data(), s.size());
+  c.all_gather(all, mine);
+  std::vector<std::string> out;
+  for (int r = 0; r < c.size(); ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * max_len), size_t(lens[r].item<int64_t>()));
+  return out;
+}
+
+std::string broadcast_string(Communicator& c, const std::string& s) { return all_gather_strings(c, s)[0]; }
+
+void fsync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw UserError(tmp + ": cannot create: " + std::strerror(errno));
+  const char* p = text.data();
+  size_t n = text.size();
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw UserError(tmp + ": write failed: " + std::strerror(e));
+    }
+    p += w;
+    n -= size_t(w);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw UserError(tmp + ": write failed: " + std::strerror(errno));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw UserError(path + ": rename failed: " + std::strerror(errno));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UserError(path + ": cannot open: " + std::strerror(errno));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+json read_index(const std::string& dir) {
+  const std::string path = dir + "/index.json";
+  if (!fs::exists(path)) throw UserError(dir + ": not a complete checkpoint (no index.json)");
+  json idx;
+  try {
+    idx = json::parse(read_text(path));
+  } catch (const json::exception& e) {
+    throw UserError(path + ": corrupt checkpoint index: " + e.what());
+  }
+  if (idx.value("format", "") != kFormat)
+    throw UserError(path + ": not an mfsdp checkpoint index (format '" + idx.value("format", "?") + "', expected " +
+                    kFormat + ")");
+  return idx;
+}
+
+// Names and shapes of a model's parameters, as the index records them.
+json model_params_json(const Model& model) {
+  json params = json::object();
+  for (const auto& p : model.params()) params[p.name] = {{"shape", p.tensor.sizes().vec()}, {"aliases", p.aliases}};
+  return params;
+}
+
+std::string fingerprint(const json& params) {
+  std::string text;
+  for (auto it = params.begin(); it != params.end(); ++it) text += it.key() + ":" + it.value()["shape"].dump() + ";";
+  return hex64(fnv1a64(text.data(), text.size()));
+}
+
+std::string piece_key(const std::string& kind, const std::string& name, int64_t begin) {
+  return kind + "/" + name + "/" + std::to_string(begin);
+}
+
+// Opens checkpoint files on demand, verifying each file's checksum against the index first.
+class PieceReader {
+ public:
+  PieceReader(std::string dir, const json& index) : dir_(std::move(dir)), index_(index) {}
+  SafetensorsFile& file(const std::string& name) {
+    auto it = open_.find(name);
+    if (it != open_.end()) return *it->second;
+    const std::string path = dir_ + "/" + name;
+    if (!fs::exists(path)) throw UserError(path + ": missing from the checkpoint (index.json lists it)");
+    const auto& meta = index_["files"].at(name);
+    if (int64_t(fs::file_size(path)) != meta.at("bytes").get<int64_t>())
+      throw UserError(fmt::format("{}: {} bytes, the index says {}: truncated or replaced", path, fs::file_size(path),
+                                  meta.at("bytes").get<int64_t>()));
+    const std::string sum = hex64(checksum_file(path));
+    if (sum != meta.at("checksum").get<std::string>())
+      throw UserError(path + ": checksum mismatch (file " + sum + ", index " + meta.at("checksum").get<std::string>() +
+                      "): the checkpoint is corrupt");
+    return *open_.emplace(name, std::make_unique<SafetensorsFile>(path)).first->second;
+  }
+
+ private:
+  std::string dir_;
+  const json& index_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> open_;
+};
+
+// Copies elements [begin, end) of parameter `name` (kind "main" or an optimizer state) from the
+// checkpoint's pieces into `dst` (end - begin elements). Throws if the pieces do not cover it.
+void read_range(PieceReader& reader, const json& index, const std::string& kind, const std::string& name, int64_t begin,
+                int64_t end, at::Tensor dst) {
+  const auto& pieces = index["params"].at(name).at("pieces");
+  int64_t covered = 0;
+  for (const auto& pc : pieces) {
+    const int64_t pb = pc.at("begin").get<int64_t>(), pe = pc.at("end").get<int64_t>();
+    const int64_t lo = std::max(begin, pb), hi = std::min(end, pe);
+    if (hi <= lo) continue;
+    SafetensorsFile& f = reader.file(pc.at("file").get<std::string>());
+    const std::string key = piece_key(kind, name, pb);
+    if (!f.has(key)) throw UserError(f.path() + ": lacks " + key + " that the index promises");
+    at::Tensor src = f.get(key);
+    dst.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - pb, hi - lo));
+    covered += hi - lo;
+  }
+  if (covered != end - begin)
+    throw UserError(fmt::format("checkpoint: {} of {} elements [{}, {}) of parameter {} are in the checkpoint", covered,
+                                end - begin, begin, end, name));
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+struct CheckpointManager::Pending {
+  TrainerState state;
+  std::string tmp_dir, final_dir;
+  std::thread writer;
+  std::string fragment;  // this rank's JSON fragment (or error)
+  std::atomic<bool> done{false};
+};
+
+CheckpointManager::CheckpointManager(const Config& cfg, ProcessGroups& pg, Model& model, ParallelEngine& engine,
+                                     Optimizer& optimizer)
+    : cfg_(cfg), pg_(pg), model_(model), engine_(engine), optimizer_(optimizer) {}
+
+CheckpointManager::~CheckpointManager() {
+  if (pending_ && pending_->writer.joinable()) pending_->writer.join();
+}
+
+std::string CheckpointManager::step_dir_name(int64_t step) const { return fmt::format("step_{:08d}", step); }
+
+std::optional<std::string> CheckpointManager::resume_dir() {
+  Communicator& world = pg_.get(MeshGroup::kWorld);
+  std::string choice, error;
+  if (world.rank() == 0) {
+    try {
+      const std::string& r = cfg_.checkpoint.resume;
+      if (r == "none") {
+      } else if (r == "auto") {
+        if (cfg_.checkpoint.dir && fs::exists(*cfg_.checkpoint.dir)) {
+          const std::string dir = *cfg_.checkpoint.dir;
+          std::string latest;
+          if (fs::exists(dir + "/latest")) latest = read_text(dir + "/latest");
+          while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+          if (!latest.empty() && fs::exists(dir + "/" + latest + "/index.json")) {
+            choice = dir + "/" + latest;
+          } else {  // no usable pointer: the newest complete step directory
+            std::string best;
+            for (const auto& e : fs::directory_iterator(dir)) {
+              const std::string n = e.path().filename().string();
+              if (n.rfind("step_", 0) == 0 && fs::exists(e.path() / "index.json") && n > best) best = n;
+            }
+            if (!best.empty()) choice = dir + "/" + best;
+          }
+        }
+      } else {
+        if (!fs::exists(r + "/index.json"))
+          throw UserError(cfg_.where("checkpoint.resume") + ": checkpoint.resume: " + r +
+                          " is not a complete checkpoint (no index.json)");
+        choice = r;
+      }
+    } catch (const UserError& e) {
+      error = e.what();
+    }
+  }
+  error = broadcast_string(world, error);
+  if (!error.empty()) throw UserError(error);
+  choice = broadcast_string(world, choice);
+  if (choice.empty()) return std::nullopt;
+  return choice;
+}
+
+TrainerState CheckpointManager::load(const std::string& dir) {
+  Communicator& world = pg_.get(MeshGroup::kWorld);
+  std::string error;
+  TrainerState st;
+  try {
+    json index = read_index(dir);
+    const json now = model_params_json(model_);
+    if (index["model"].value("fingerprint", "") != fingerprint(now)) {
+      std::string diff;
+      for (auto it = now.begin(); it != now.end() && diff.empty(); ++it)
+        if (!index["params"].contains(it.key())) diff = "the checkpoint has no parameter " + it.key();
+        else if (index["params"][it.key()]["shape"] != it.value()["shape"])
+          diff = "parameter " + it.key() + " has shape " + index["params"][it.key()]["shape"].dump() + " in the checkpoint, " +
+                 it.value()["shape"].dump() + " in the model";
+      if (diff.empty()) diff = "its parameters differ";
+      throw UserError(dir + "/index.json: the checkpoint belongs to another model (" + diff + "; model.path " +
+                      model_.path() + ")");
+    }
+    const std::string opt = index["optimizer"].value("name", "");
+    if (opt != cfg_.optimizer.name)
+      throw UserError(fmt::format("{}: saved with optimizer {}, the config says {} (optimizer.name): its state cannot be "
+                                  "carried over",
+                                  dir, opt, cfg_.optimizer.name));
+    PieceReader reader(dir, index);
+    auto& slots = engine_.slots();
+    const auto& ranges = engine_.slot_ranges();
+    at::NoGradGuard ng;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const auto& r = ranges[i];
+      read_range(reader, index, "main", slots[i].name, r.begin, r.end, slots[i].weight);
+      for (const auto& kind : optimizer_.state_kinds())
+        read_range(reader, index, kind, slots[i].name, r.begin, r.end, optimizer_.slot_state(kind, i, slots));
+    }
+    optimizer_.set_steps_taken(index["optimizer"].value("steps", int64_t(0)));
+    // Each rank's RNG, when the layout of ranks is the same.
+    const std::string mine = fmt::format("rank_{:05d}.safetensors", world.rank());
+    if (index.value("world_size", 0) == world.size() && index["files"].contains(mine)) {
+      SafetensorsFile& f = reader.file(mine);
+      if (f.has("rng/cpu")) {
+        at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle to the process-wide generator
+        gen.set_state(f.get("rng/cpu").clone());
+      }
+    }
+    st.step = index["trainer"].at("step").get<int64_t>();
+    st.consumed_samples = index["trainer"].at("consumed_samples").get<int64_t>();
+  } catch (const UserError& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = dir + ": cannot load the checkpoint: " + e.what();
+  }
+  // Every rank learns whether any rank failed, so that none goes on alone.
+  auto errors = all_gather_strings(world, error);
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) throw UserError(errors[r]);
+  engine_.install_weights();
+  return st;
+}
+
+void CheckpointManager::save(const TrainerState& state) {
+  poll(/*wait=*/true);  // one checkpoint in flight at a time
+  Communicator& world = pg_.get(MeshGroup::kWorld);
+  const std::string dir = *cfg_.checkpoint.dir;
+  auto p = std::make_unique<Pending>();
+  p->state = state;
+  p->final_dir = dir + "/" + step_dir_name(state.step);
+  p->tmp_dir = dir + "/." + step_dir_name(state.step) + ".tmp";
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      fs::create_directories(dir);
+      fs::remove_all(p->tmp_dir);  // left by a crash
+      if (fs::exists(p->final_dir)) error = "exists";
+      else fs::create_directories(p->tmp_dir);
+    } catch (const std::exception& e) {
+      error = std::string(dir + ": cannot create the checkpoint directory (checkpoint.dir): ") + e.what();
+    }
+  }
+  error = broadcast_string(world, error);
+  if (error == "exists") return;  // this step is already saved and complete
+  if (!error.empty()) throw UserError(error);
+
+  // What this rank writes: host copies, so that training may go on while a thread writes them.
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  json pieces = json::array();
+  const bool writer = engine_.checkpoint_writer();
+  if (writer) {
+    at::NoGradGuard ng;
+    auto& slots = engine_.slots();
+    const auto& ranges = engine_.slot_ranges();
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const auto& r = ranges[i];
+      tensors.emplace_back(piece_key("main", slots[i].name, r.begin), slots[i].weight.reshape({-1}).clone());
+      for (const auto& kind : optimizer_.state_kinds())
+        tensors.emplace_back(piece_key(kind, slots[i].name, r.begin),
+                             optimizer_.slot_state(kind, i, slots).reshape({-1}).clone());
+      pieces.push_back({slots[i].name, r.begin, r.end});
+    }
+  }
+  tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+  const std::string file = fmt::format("rank_{:05d}.safetensors", world.rank());
+  const std::string path = p->tmp_dir + "/" + file;
+  auto work = [p = p.get(), tensors, pieces, file, path]() {
+    json frag;
+    try {
+      uint64_t sum = write_safetensors(path, tensors, {{"format", kFormat}});
+      frag = {{"file", file}, {"checksum", hex64(sum)}, {"bytes", int64_t(fs::file_size(path))}, {"pieces", pieces}};
+    } catch (const std::exception& e) {
+      frag = {{"error", e.what()}};
+    }
+    p->fragment = frag.dump();
+    p->done = true;
+  };
+  pending_ = std::move(p);
+  if (cfg_.checkpoint.async) {
+    pending_->writer = std::thread(work);
+  } else {
+    work();
+    poll(/*wait=*/true);
+  }
+}
+
+void CheckpointManager::poll(bool wait) {
+  if (!pending_) return;
+  Communicator& world = pg_.get(MeshGroup::kWorld);
+  if (!wait) {
+    // Complete the checkpoint only when every rank's writer has finished.
+    at::Tensor done = at::full({1}, int64_t(pending_->done ? 1 : 0), at::kLong);
+    world.all_reduce(done, ReduceOp::kSum);
+    if (done.item<int64_t>() != world.size()) return;
+  }
+  if (pending_->writer.joinable()) pending_->writer.join();
+  std::unique_ptr<Pending> p = std::move(pending_);
+  finalize(*p);
+}
+
+void CheckpointManager::finalize(Pending& p) {
+  Communicator& world = pg_.get(MeshGroup::kWorld);
+  auto fragments = all_gather_strings(world, p.fragment);
+  std::string error;
+  for (size_t r = 0; r < fragments.size(); ++r) {
+    json f = json::parse(fragments[r]);
+    if (f.contains("error")) error += (error.empty() ? "" : "; ") + fmt::format("rank {}: {}", r, f["error"].get<std::string>());
+  }
+  if (error.empty() && world.rank() == 0) {
+    try {
+      json index;
+      index["format"] = kFormat;
+      index["trainer"] = {{"step", p.state.step}, {"consumed_samples", p.state.consumed_samples}};
+      index["world_size"] = world.size();
+      const auto& shape = pg_.mesh().shape();
+      index["mesh"] = {{"dp_replicate", shape.dp_replicate}, {"dp_shard", shape.dp_shard}, {"cp", shape.cp}, {"tp", shape.tp}};
+      index["zero_dp_strategy"] = to_string(cfg_.distributed.zero_dp_strategy);
+      index["compute_dtype"] = cfg_.model.compute_dtype;
+      json params = model_params_json(model_);
+      index["model"] = {{"path", cfg_.model.path}, {"fingerprint", fingerprint(params)}};
+      index["optimizer"] = {{"name", cfg_.optimizer.name}, {"steps", optimizer_.steps_taken()},
+                            {"state", optimizer_.state_kinds()}};
+      for (auto it = params.begin(); it != params.end(); ++it) it.value()["pieces"] = json::array();
+      index["files"] = json::object();
+      for (const auto& frag : fragments) {
+        json f = json::parse(frag);
+        index["files"][f["file"].get<std::string>()] = {{"checksum", f["checksum"]}, {"bytes", f["bytes"]}};
+        for (const auto& pc : f["pieces"])
+          params[pc[0].get<std::string>()]["pieces"].push_back({{"file", f["file"]}, {"begin", pc[1]}, {"end", pc[2]}});
+      }
+      index["params"] = params;
+      write_text_atomically(p.tmp_dir + "/config.yaml", "# resolved config of the run that wrote this checkpoint\n" +
+                                                            to_yaml(cfg_));
+      write_text_atomically(p.tmp_dir + "/index.json", index.dump(1));
+      fsync_path(p.tmp_dir);
+      if (std::rename(p.tmp_dir.c_str(), p.final_dir.c_str()) != 0)
+        throw UserError(p.final_dir + ": cannot rename the finished checkpoint into place: " + std::strerror(errno));
+      const std::string dir = *cfg_.checkpoint.dir;
+      fsync_path(dir);
+      write_text_atomically(dir + "/latest", step_dir_name(p.state.step) + "\n");
+      fsync_path(dir);
+      if (cfg_.checkpoint.keep_last > 0) {  // only complete directories; the new one is complete now
+        std::vector<std::string> steps;
+        for (const auto& e : fs::directory_iterator(dir)) {
+          const std::string n = e.path().filename().string();
+          if (n.rfind("step_", 0) == 0 && fs::exists(e.path() / "index.json")) steps.push_back(n);
+        }
+        std::sort(steps.begin(), steps.end());
+        for (size_t i = 0; i + size_t(cfg_.checkpoint.keep_last) < steps.size(); ++i) fs::remove_all(dir + "/" + steps[i]);
+      }
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (!error.empty() && world.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(p.tmp_dir, ec);  // nothing half-written stays behind
+  }
+  error = broadcast_string(world, error);
+  if (!error.empty())
+    throw UserError("checkpoint " + p.final_dir + " not written (the previous one is untouched): " + error);
+}
+
+// ------------------------------------------------------------------------------------------------
+int inspect_checkpoint(const std::string& dir, bool verbose) {
+  json index = read_index(dir);
+  std::printf("checkpoint %s\n  format %s, step %lld, consumed samples %lld\n", dir.c_str(), kFormat,
+              (long long)index["trainer"]["step"].get<int64_t>(), (long long)index["trainer"]["consumed_samples"].get<int64_t>());
+  std::printf("  written by %d ranks (mesh %s), zero_dp_strategy %s, compute %s, optimizer %s after %lld steps\n",
+              index["world_size"].get<int>(), index["mesh"].dump().c_str(), index["zero_dp_strategy"].get<std::string>().c_str(),
+              index["compute_dtype"].get<std::string>().c_str(), index["optimizer"]["name"].get<std::string>().c_str(),
+              (long long)index["optimizer"]["steps"].get<int64_t>());
+  std::printf("  model %s (fingerprint %s)\n", index["model"]["path"].get<std::string>().c_str(),
+              index["model"]["fingerprint"].get<std::string>().c_str());
+  int64_t total = 0;
+  for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
+    int64_t n = 1;
+    for (int64_t d : it.value()["shape"].get<std::vector<int64_t>>()) n *= d;
+    total += n;
+    if (verbose)
+      std::printf("    %-48s %-18s %zu pieces\n", it.key().c_str(), it.value()["shape"].dump().c_str(),
+                  it.value()["pieces"].size());
+  }
+  std::printf("  %zu parameters, %lld elements\n", index["params"].size(), (long long)total);
+  int problems = 0;
+  int64_t bytes = 0;
+  for (auto it = index["files"].begin(); it != index["files"].end(); ++it) {
+    const std::string path = dir + "/" + it.key();
+    std::string verdict = "OK";
+    if (!fs::exists(path)) verdict = "MISSING";
+    else if (int64_t(fs::file_size(path)) != it.value()["bytes"].get<int64_t>()) verdict = "WRONG SIZE";
+    else if (hex64(checksum_file(path)) != it.value()["checksum"].get<std::string>()) verdict = "CHECKSUM MISMATCH";
+    if (verdict != "OK") ++problems;
+    bytes += it.value()["bytes"].get<int64_t>();
+    std::printf("  %-24s %12lld bytes  checksum %s  %s\n", it.key().c_str(), (long long)it.value()["bytes"].get<int64_t>(),
+                it.value()["checksum"].get<std::string>().c_str(), verdict.c_str());
+  }
+  std::printf("  %zu files, %lld bytes: %s\n", index["files"].size(), (long long)bytes,
+              problems ? fmt::format("{} problem(s)", problems).c_str() : "all checksums verified");
+  return problems;
+}
+
+void export_checkpoint(const std::string& dir, const std::string& out, const std::string& format,
+                       const std::string& model_path) {
+  json index = read_index(dir);
+  PieceReader reader(dir, index);
+  std::vector<std::pair<std::string, at::Tensor>> weights;  // every name, aliases included
+  std::vector<std::pair<std::string, at::Tensor>> unique;
+  for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
+    auto shape = it.value()["shape"].get<std::vector<int64_t>>();
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    at::Tensor flat = at::empty({n}, at::kFloat);
+    read_range(reader, index, "main", it.key(), 0, n, flat);
+    at::Tensor t = flat.view(shape);
+    unique.emplace_back(it.key(), t);
+    weights.emplace_back(it.key(), t);
+    for (const auto& alias : it.value()["aliases"]) weights.emplace_back(alias.get<std::string>(), t);
+  }
+  if (format == "safetensors") {
+    std::sort(weights.begin(), weights.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    write_safetensors(out, weights,
+                      {{"format", "pt"}, {"source", dir}, {"step", std::to_string(index["trainer"]["step"].get<int64_t>())}});
+  } else if (format == "torchscript") {
+    const std::string path = model_path.empty() ? index["model"]["path"].get<std::string>() : model_path;
+    Model model = Model::load(path);
+    if (fingerprint(model_params_json(model)) != index["model"]["fingerprint"].get<std::string>())
+      throw UserError(path + ": this TorchScript model does not match the checkpoint's parameters (export --model)");
+    at::NoGradGuard ng;
+    std::map<std::string, at::Tensor> by_name(unique.begin(), unique.end());
+    for (auto& p : model.params()) p.tensor.copy_(by_name.at(p.name).to(p.tensor.scalar_type()));
+    const std::string tmp = out + ".tmp";
+    model.module().save(tmp);
+    if (std::rename(tmp.c_str(), out.c_str()) != 0) throw UserError(out + ": cannot write: " + std::strerror(errno));
+  } else {
+    throw UserError("export --format: expected safetensors or torchscript, got '" + format + "'");
+  }
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,74 @@
+// Sharded checkpoints that never lie (DESIGN.md section 6).
+//
+//   <checkpoint.dir>/step_00000100/   rank_00000.safetensors ...  this rank's slices of every
+//                                     parameter's main weights and optimizer state, its RNG
+//                                     index.json                  global shapes, which file holds
+//                                     which flat element range of each parameter, a checksum
+//                                     per file, trainer state, the model's fingerprint
+//                                     config.yaml                 the resolved config
+//   <checkpoint.dir>/latest           the newest complete step directory's name
+//
+// A step directory is written under a hidden temporary name and renamed only after every rank has
+// written and fsynced its file; `latest` is then replaced atomically and older directories beyond
+// keep_last are deleted. A crash at any moment leaves the previous checkpoint complete and no
+// directory that resume would take for complete. Loading maps any saved layout onto the current
+// one (world size, zero_dp_strategy, bucketing), so a run resumes at another world size.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "config/config.h"
+
+namespace mfsdp {
+
+class Model;
+class Optimizer;
+class ParallelEngine;
+class ProcessGroups;
+
+struct TrainerState {
+  int64_t step = 0;              // optimizer steps done
+  int64_t consumed_samples = 0;  // the sampler's position
+};
+
+class CheckpointManager {
+ public:
+  CheckpointManager(const Config& cfg, ProcessGroups& pg, Model& model, ParallelEngine& engine, Optimizer& optimizer);
+  ~CheckpointManager();
+
+  // The directory to resume from per checkpoint.resume (auto: the latest complete one, if any),
+  // agreed on by every rank. Collective.
+  std::optional<std::string> resume_dir();
+  // Loads main weights, optimizer state and RNG into the current layout after verifying the
+  // checksums of the files it reads; installs the weights. Collective.
+  TrainerState load(const std::string& step_dir);
+  // Writes step directory `state.step`. Collective; with checkpoint.async the files are written by
+  // a background thread from host copies and the checkpoint is completed at a later poll().
+  void save(const TrainerState& state);
+  // With async saves: completes a finished background save (collective: call on every rank at the
+  // same points, e.g. after every step). Blocking when `wait` is true.
+  void poll(bool wait = false);
+  std::string step_dir_name(int64_t step) const;
+
+ private:
+  struct Pending;
+  void finalize(Pending& p);
+  const Config& cfg_;
+  ProcessGroups& pg_;
+  Model& model_;
+  ParallelEngine& engine_;
+  Optimizer& optimizer_;
+  std::unique_ptr<Pending> pending_;
+};
+
+// `mfsdp inspect`: prints a checkpoint's metadata and verifies every file's checksum. Returns the
+// number of problems found.
+int inspect_checkpoint(const std::string& step_dir, bool verbose);
+// `mfsdp export`: consolidated weights under the model's own parameter names (every alias of a
+// tied weight too). format: safetensors | torchscript (needs the TorchScript model: `model_path`
+// or the one recorded in the checkpoint).
+void export_checkpoint(const std::string& step_dir, const std::string& out, const std::string& format,
+                       const std::string& model_path);
+
+}  // namespace mfsdp
