@@ -1,6 +1,7 @@
 // mfsdp: train TorchScript models with Megatron-FSDP-style sharding, launched by mpirun or srun.
 // Errors: one line per failing rank, exit status 2 for user errors, 1 for internal ones; with more
 // than one rank the failing rank aborts the whole job so that no peer is left waiting.
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -26,6 +27,8 @@ int report_and_exit(const char* kind, const char* what, int code) {
 
 int main(int argc, char** argv) {
   mfsdp::maybe_reexec_for_blas(argc, argv);  // before libopenblas is used: see train/system.h
+  // A file-size limit (a full quota) must fail the write with an error we report, not kill us.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"mfsdp: Megatron-FSDP-style sharded training of TorchScript models, launched by mpirun or srun"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mfsdp 0.1.0");

@@ -174,6 +174,7 @@ void read_range(PieceReader& reader, const json& index, const std::string& kind,
 // ------------------------------------------------------------------------------------------------
 struct CheckpointManager::Pending {
   TrainerState state;
+  int64_t optimizer_steps = 0;  // at the moment of the save (an async one completes steps later)
   std::string tmp_dir, final_dir;
   std::thread writer;
   std::string fragment;  // this rank's JSON fragment (or error)
@@ -295,6 +296,7 @@ void CheckpointManager::save(const TrainerState& state) {
   const std::string dir = *cfg_.checkpoint.dir;
   auto p = std::make_unique<Pending>();
   p->state = state;
+  p->optimizer_steps = optimizer_.steps_taken();
   p->final_dir = dir + "/" + step_dir_name(state.step);
   p->tmp_dir = dir + "/." + step_dir_name(state.step) + ".tmp";
   std::string error;
@@ -386,7 +388,7 @@ void CheckpointManager::finalize(Pending& p) {
       index["compute_dtype"] = cfg_.model.compute_dtype;
       json params = model_params_json(model_);
       index["model"] = {{"path", cfg_.model.path}, {"fingerprint", fingerprint(params)}};
-      index["optimizer"] = {{"name", cfg_.optimizer.name}, {"steps", optimizer_.steps_taken()},
+      index["optimizer"] = {{"name", cfg_.optimizer.name}, {"steps", p.optimizer_steps},
                             {"state", optimizer_.state_kinds()}};
       for (auto it = params.begin(); it != params.end(); ++it) it.value()["pieces"] = json::array();
       index["files"] = json::object();

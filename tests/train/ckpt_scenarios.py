@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Checkpoint scenarios, run as users run mfsdp. Each exits non-zero with a reason on failure.
+
+    ckpt_scenarios.py SCENARIO --bin MFSDP --fx FIXTURE_DIR --mpirun "mpirun --oversubscribe ..."
+
+Scenarios: exact, reshard, kill, corrupt, diskfull, export, preempt, async.
+"""
+import argparse
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+A = None
+
+
+def fail(msg):
+    print("FAILED:", msg)
+    sys.exit(1)
+
+
+def cmd(np_, run_dir, *overrides, limit_kib=None):
+    # A file-size limit stands in for a full disk. It goes on the ranks only: mpirun's own PMIx
+    # store stops working under it.
+    rank = [A.bin] if not limit_kib else ["bash", "-c", f'ulimit -f {limit_kib}; exec "$@"', "_", A.bin]
+    return shlex.split(A.mpirun) + ["-np", str(np_), *rank, "train", "-c", f"{A.fx}/base.yaml",
+                                    f"run_dir={run_dir}", *overrides]
+
+
+def run(np_, run_dir, *overrides, expect=0, limit_kib=None):
+    p = subprocess.run(cmd(np_, run_dir, *overrides, limit_kib=limit_kib), capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    if p.returncode != expect:
+        print(out[-3000:])
+        fail(f"exit status {p.returncode}, expected {expect}: {' '.join(overrides)}")
+    return out
+
+
+def losses(run_dir, after=0):
+    out = {}
+    with open(f"{run_dir}/metrics.jsonl") as f:
+        for line in f:
+            m = json.loads(line)
+            if m["step"] > after:
+                out[m["step"]] = m["loss"]
+    return out
+
+
+def same(ref, other, after=0, rtol=0.0, what=""):
+    a, b = losses(ref, after), losses(other, after)
+    if sorted(a) != sorted(b):
+        fail(f"{what}: steps {sorted(b)} differ from {sorted(a)}")
+    worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+    print(f"{what}: steps {min(a)}..{max(a)}, max relative difference {worst:.2e} (tolerance {rtol:g})")
+    if worst > rtol:
+        fail(f"{what}: losses differ by {worst:.2e}")
+
+
+def fresh(path):
+    shutil.rmtree(path, ignore_errors=True)
+    return path
+
+
+def reference(name, np_, strategy, steps=20, every=5, extra=()):
+    """An uninterrupted run that saves every `every` steps into W/name.ckpt."""
+    rd, ck = fresh(f"{A.work}/{name}"), fresh(f"{A.work}/{name}.ckpt")
+    run(np_, rd, f"distributed.zero_dp_strategy={strategy}", f"checkpoint.dir={ck}", f"checkpoint.save_every={every}",
+        "checkpoint.keep_last=0", f"training.max_steps={steps}", *extra)
+    return rd, ck
+
+
+def scenario_exact():
+    for strategy, np_ in ((3, 2), (1, 4), (0, 2)):
+        rd, ck = reference(f"exact_s{strategy}", np_, strategy)
+        r2 = fresh(f"{A.work}/exact_s{strategy}_resumed")
+        out = run(np_, r2, f"distributed.zero_dp_strategy={strategy}", f"checkpoint.resume={ck}/step_00000010")
+        if "resumed from" not in out:
+            fail("no 'resumed from' line")
+        same(rd, r2, after=10, rtol=0.0, what=f"resume at step 10, strategy {strategy}, {np_} ranks (bit-exact)")
+
+
+def scenario_reshard():
+    # 4 ranks strategy 3 -> 2 ranks strategy 1 -> 1 rank no_shard, and bucketing changed on the way.
+    rd, ck = reference("reshard_a", 4, 3)
+    b, bck = fresh(f"{A.work}/reshard_b"), fresh(f"{A.work}/reshard_b.ckpt")
+    run(2, b, "distributed.zero_dp_strategy=1", f"checkpoint.resume={ck}/step_00000005", f"checkpoint.dir={bck}",
+        "checkpoint.save_every=5", "distributed.disable_bucketing=true")
+    c = fresh(f"{A.work}/reshard_c")
+    run(1, c, "distributed.zero_dp_strategy=0", f"checkpoint.resume={bck}/step_00000010")
+    same(rd, b, after=5, rtol=1e-5, what="4 ranks strategy 3 -> 2 ranks strategy 1 (unbucketed)")
+    same(rd, c, after=10, rtol=1e-5, what="-> 1 rank no_shard")
+
+
+def scenario_kill():
+    ref, _ = reference("kill_ref", 2, 3, steps=60, every=3)
+    for trial in range(A.trials):
+        rd, ck = fresh(f"{A.work}/kill_{trial}"), fresh(f"{A.work}/kill_{trial}.ckpt")
+        args = cmd(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "checkpoint.save_every=3",
+                   "checkpoint.keep_last=2", "training.max_steps=60")
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(random.uniform(0.8, 3.0))
+        subprocess.run(["pkill", "-9", "-f", f"run_dir={rd}"])  # every rank, mid-step or mid-save
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        latest = None
+        if os.path.exists(f"{ck}/latest"):
+            latest = open(f"{ck}/latest").read().strip()
+            chk = subprocess.run([A.bin, "inspect", f"{ck}/{latest}"], capture_output=True, text=True)
+            if chk.returncode != 0:
+                print(chk.stdout)
+                fail(f"trial {trial}: latest ({latest}) is not a complete, verified checkpoint")
+        out = run(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "checkpoint.save_every=3",
+                  "checkpoint.keep_last=2", "training.max_steps=60")
+        resumed = "resumed from" in out
+        print(f"trial {trial}: killed with latest={latest}; {'resumed' if resumed else 'started fresh'}")
+        if latest and not resumed:
+            fail(f"trial {trial}: a complete checkpoint existed but the run did not resume")
+        same(ref, rd, rtol=0.0, what=f"trial {trial}: all 60 steps vs the uninterrupted run")
+
+
+def scenario_corrupt():
+    rd, ck = reference("corrupt", 2, 3, steps=10)
+    for what, damage, message in (
+            ("flipped byte", "flip", "checksum mismatch"),
+            ("truncated file", "truncate", "truncated or replaced"),
+            ("missing file", "delete", "missing from the checkpoint")):
+        bad = fresh(f"{A.work}/corrupt_{damage}")
+        shutil.copytree(f"{ck}/step_00000010", bad)
+        victim = f"{bad}/rank_00001.safetensors"
+        if damage == "flip":
+            with open(victim, "r+b") as f:
+                size = os.path.getsize(victim)
+                pos = random.randrange(size // 2, size)
+                f.seek(pos)
+                byte = f.read(1)
+                f.seek(pos)
+                f.write(bytes([byte[0] ^ 0x40]))
+        elif damage == "truncate":
+            os.truncate(victim, os.path.getsize(victim) - 100)
+        else:
+            os.remove(victim)
+        out = run(2, f"{A.work}/corrupt_run", "distributed.zero_dp_strategy=3", f"checkpoint.resume={bad}", expect=2)
+        if message not in out or "rank_00001.safetensors" not in out:
+            print(out[-2000:])
+            fail(f"{what}: the error does not say '{message}' naming the file")
+        chk = subprocess.run([A.bin, "inspect", bad], capture_output=True, text=True)
+        if chk.returncode == 0:
+            fail(f"{what}: inspect did not report it")
+        print(f"{what}: detected before training ({message})")
+    out = run(1, f"{A.work}/corrupt_run", f"model.path={A.fx}/gpt_untied.pt", f"checkpoint.resume={ck}/step_00000010",
+              expect=2)
+    if "belongs to another model" not in out:
+        fail("an index from another model was not rejected")
+    print("a checkpoint of another model: rejected")
+
+
+def scenario_diskfull():
+    rd, ck = fresh(f"{A.work}/full"), fresh(f"{A.work}/full.ckpt")
+    common = ("distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "checkpoint.save_every=2")
+    run(2, rd, *common, "training.max_steps=4")
+    out = run(2, rd, *common, "training.max_steps=6", expect=2, limit_kib=400)
+    if "not written (the previous one is untouched)" not in out:
+        print(out[-2000:])
+        fail("a failed save did not say so")
+    left = sorted(os.listdir(ck))
+    if left != ["latest", "step_00000002", "step_00000004"] or open(f"{ck}/latest").read().strip() != "step_00000004":
+        fail(f"after the failed save the checkpoint directory holds {left}")
+    if subprocess.run([A.bin, "inspect", f"{ck}/step_00000004"], capture_output=True).returncode != 0:
+        fail("the previous checkpoint was damaged")
+    print(f"full disk during save: error reported, {left} left, previous checkpoint verified")
+
+
+def scenario_export():
+    rd, ck = reference("export", 2, 3, steps=10)
+    st, ts = f"{A.work}/export.safetensors", f"{A.work}/export.pt"
+    for fmt, out in (("safetensors", st), ("torchscript", ts)):
+        p = subprocess.run([A.bin, "export", "--checkpoint", f"{ck}/step_00000010", "--out", out, "--format", fmt],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            print(p.stdout + p.stderr)
+            fail(f"export --format {fmt} failed")
+    check = f"""
+import json, struct, sys, torch
+sys.path.insert(0, {A.src!r} + "/scripts")
+import export_model
+raw = open({st!r}, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+state = {{}}
+for name, e in header.items():
+    if name == "__metadata__":
+        continue
+    b, end = e["data_offsets"]
+    assert e["dtype"] == "F32", e
+    state[name] = torch.frombuffer(bytearray(raw[8 + n + b:8 + n + end]), dtype=torch.float32).view(e["shape"])
+args = export_model.argparse.Namespace(arch="gpt", layers=2, d_model=64, heads=4, kv_heads=0, ffn_hidden=0, vocab=264,
+                                       max_seq=64, rope_theta=10000.0, untied=False, tied=False, nested=False,
+                                       rope_buffer=False)
+torch.manual_seed(0)
+model = export_model.build(args).eval()
+model.load_state_dict(state, strict=True)
+ts = torch.jit.load({ts!r}).eval()
+tokens = torch.randint(0, 264, (2, 32)); pos = torch.arange(32).unsqueeze(0).expand(2, 32)
+a, b = model(tokens, pos), ts(tokens, pos)
+err = (a - b).abs().max().item()
+init = torch.jit.load({A.fx!r} + "/gpt.pt").eval()(tokens, pos)
+moved = (a - init).abs().max().item()
+print(f"PyTorch module with the exported safetensors vs the exported TorchScript: max |logit diff| {{err:.2e}}; "
+      f"vs the untrained model {{moved:.2e}}")
+sys.exit(0 if err < 1e-5 and moved > 1e-3 else 1)
+"""
+    p = subprocess.run(["/usr/bin/python3", "-c", check], capture_output=True, text=True)
+    print(p.stdout + p.stderr[-2000:])
+    if p.returncode != 0:
+        fail("exported weights do not reproduce the model's logits in PyTorch")
+
+
+def scenario_preempt():
+    ref, _ = reference("preempt_ref", 2, 3, steps=400, every=1000)
+    rd, ck = fresh(f"{A.work}/preempt"), fresh(f"{A.work}/preempt.ckpt")
+    args = cmd(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "training.max_steps=400")
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for _ in range(600):  # until it is training
+        time.sleep(0.05)
+        if os.path.exists(f"{rd}/metrics.jsonl") and os.path.getsize(f"{rd}/metrics.jsonl") > 0:
+            break
+    pids = subprocess.run(["pgrep", "-f", f"mfsdp train .*run_dir={rd}"], capture_output=True, text=True).stdout.split()
+    if not pids:
+        fail("no rank to signal (the run ended too early?)")
+    os.kill(int(random.choice(pids)), signal.SIGUSR1)  # SLURM's warning, to one rank
+    out, _ = p.communicate(timeout=120)
+    if p.returncode != 0 or "stopped after step" not in out:
+        print(out[-2000:])
+        fail(f"preemption: exit status {p.returncode}")
+    stopped = [l for l in out.splitlines() if "stopped after step" in l][0]
+    run(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "training.max_steps=400")
+    print(stopped.strip())
+    same(ref, rd, rtol=0.0, what="preempted and resumed run vs uninterrupted")
+
+
+def scenario_async():
+    rd, ck = fresh(f"{A.work}/async"), fresh(f"{A.work}/async.ckpt")
+    run(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "checkpoint.save_every=5",
+        "checkpoint.async=true", "checkpoint.keep_last=0")
+    for step in (5, 10, 15, 20):
+        if subprocess.run([A.bin, "inspect", f"{ck}/step_{step:08d}"], capture_output=True).returncode != 0:
+            fail(f"async checkpoint step {step} incomplete")
+    r2 = fresh(f"{A.work}/async_resumed")
+    run(2, r2, "distributed.zero_dp_strategy=3", f"checkpoint.resume={ck}/step_00000010")
+    same(rd, r2, after=10, rtol=0.0, what="resume from an asynchronously written checkpoint")
+
+
+def main():
+    global A
+    ap = argparse.ArgumentParser()
+    ap.add_argument("scenario")
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--fx", required=True)
+    ap.add_argument("--mpirun", required=True)
+    ap.add_argument("--trials", type=int, default=10)
+    A = ap.parse_args()
+    A.src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    A.work = f"{A.fx}/ckpt_{A.scenario}"
+    os.makedirs(A.work, exist_ok=True)
+    random.seed(int(time.time()))
+    globals()[f"scenario_{A.scenario}"]()
+    print(f"{A.scenario}: OK")
+
+
+if __name__ == "__main__":
+    main()
