@@ -97,13 +97,13 @@ def scenario_reshard():
 
 
 def scenario_kill():
-    ref, _ = reference("kill_ref", 2, 3, steps=60, every=3)
+    ref, _ = reference("kill_ref", 2, 3, steps=150, every=3)
     for trial in range(A.trials):
         rd, ck = fresh(f"{A.work}/kill_{trial}"), fresh(f"{A.work}/kill_{trial}.ckpt")
         args = cmd(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "checkpoint.save_every=3",
-                   "checkpoint.keep_last=2", "training.max_steps=60")
+                   "checkpoint.keep_last=2", "training.max_steps=150")
         p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(random.uniform(0.8, 3.0))
+        time.sleep(random.uniform(1.0, 3.0))
         subprocess.run(["pkill", "-9", "-f", f"run_dir={rd}"])  # every rank, mid-step or mid-save
         try:
             p.wait(timeout=30)
@@ -118,12 +118,12 @@ def scenario_kill():
                 print(chk.stdout)
                 fail(f"trial {trial}: latest ({latest}) is not a complete, verified checkpoint")
         out = run(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "checkpoint.save_every=3",
-                  "checkpoint.keep_last=2", "training.max_steps=60")
+                  "checkpoint.keep_last=2", "training.max_steps=150")
         resumed = "resumed from" in out
         print(f"trial {trial}: killed with latest={latest}; {'resumed' if resumed else 'started fresh'}")
         if latest and not resumed:
             fail(f"trial {trial}: a complete checkpoint existed but the run did not resume")
-        same(ref, rd, rtol=0.0, what=f"trial {trial}: all 60 steps vs the uninterrupted run")
+        same(ref, rd, rtol=0.0, what=f"trial {trial}: all 150 steps vs the uninterrupted run")
 
 
 def scenario_corrupt():
