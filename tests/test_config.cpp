@@ -241,3 +241,9 @@ TEST_CASE("malformed: initialisation rules") {
                   "distributed: {init_fsdp_with_meta_device: true}\ndata: {train: d}\n");
   CHECK(c.model.init_rules.size() == 2);
 }
+
+TEST_CASE("malformed: eod_mask_loss without eod_token") {
+  expect_error(kMinimal + "training: {max_steps: 5}\ndata2: {}\n", {"unknown key 'data2'"});
+  expect_error("model: {path: m}\ndata:\n  train: d\n  eod_mask_loss: true\n", {"t.yaml:4:18", "data.eod_mask_loss", "eod_token"});
+  expect_error("model: {path: m}\ndata:\n  train: d\n  eod_token: -1\n", {"t.yaml:4:14", "data.eod_token", ">= 0"});
+}

@@ -555,6 +555,8 @@ void validate(const Config& c) {
     fail("lr_scheduler.wsd_decay_steps", "must not exceed lr_scheduler.decay_steps");
   if (c.data.valid.empty() && c.data.valid_fraction == 0.0 && t.eval_every > 0)
     fail("training.eval_every", "evaluation needs data.valid or data.valid_fraction > 0");
+  if (c.data.eod_mask_loss && !c.data.eod_token)
+    fail("data.eod_mask_loss", "needs data.eod_token, the id to mask (256 for prepare-data's byte tokenizer)");
   if (c.checkpoint.save_every > 0 && !c.checkpoint.dir)
     fail("checkpoint.save_every", "checkpoint.dir must be set to save checkpoints");
 }

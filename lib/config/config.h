@@ -67,6 +67,8 @@ struct DataConfig {
   std::string format = "auto";    // auto | megatron | llmc
   double valid_fraction = 0.0;
   bool shuffle = true;
+  std::optional<int64_t> eod_token;  // end-of-document id (256 for prepare-data's byte tokenizer)
+  bool eod_mask_loss = false;        // Megatron's --eod-mask-loss: no loss on predicting eod_token
 };
 
 struct TrainingConfig {

@@ -77,6 +77,8 @@ void describe(Config& c, V& v) {
     v.field("format", c.data.format, one_of({"auto", "megatron", "llmc"}));
     v.field("valid_fraction", c.data.valid_fraction, between(0.0, 0.5));
     v.field("shuffle", c.data.shuffle);
+    v.field("eod_token", c.data.eod_token, at_least<int64_t>(0));
+    v.field("eod_mask_loss", c.data.eod_mask_loss);
   });
   v.section("training", [&] {
     auto& t = c.training;

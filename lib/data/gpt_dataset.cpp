@@ -186,6 +186,7 @@ Batch DataPipeline::make_batch(BlendedSamples& s, int64_t first, int64_t count) 
   batch.tokens = raw.slice(1, 0, T).contiguous();
   batch.targets = raw.slice(1, 1, T + 1).contiguous();
   batch.loss_mask = at::ones({count, T}, at::kFloat);
+  if (cfg_.data.eod_mask_loss) batch.loss_mask.masked_fill_(batch.targets.eq(*cfg_.data.eod_token), 0.0);
   batch.position_ids = at::arange(T, at::kLong).unsqueeze(0).expand({count, T}).contiguous();
   return batch;
 }
