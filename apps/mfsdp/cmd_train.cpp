@@ -7,6 +7,7 @@
 #include "comm/mpi_env.h"
 #include "config/config.h"
 #include "checkpoint/checkpoint.h"
+#include "comm/flight_recorder.h"
 #include "data/prepare.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -81,6 +82,15 @@ Runner add_export(CLI::App& cmd) {
   return [dir, out, format, model]() {
     export_checkpoint(*dir, *out, *format, *model);
     std::printf("wrote %s (%s) from %s\n", out->c_str(), format->c_str(), dir->c_str());
+    return 0;
+  };
+}
+
+Runner add_diagnose(CLI::App& cmd) {
+  auto dir = std::make_shared<std::string>();
+  cmd.add_option("run_dir", *dir, "Run directory whose flight/ records the watchdog wrote")->required();
+  return [dir]() {
+    std::printf("%s", diagnose_flight_records(*dir).c_str());
     return 0;
   };
 }

@@ -16,6 +16,7 @@ Runner add_prepare_data(CLI::App& app);
 Runner add_plot(CLI::App& app);
 Runner add_export(CLI::App& app);
 Runner add_inspect(CLI::App& app);
+Runner add_diagnose(CLI::App& app);
 
 // Loads the config named by -c (or the embedded default) with the overrides.
 struct ConfigArgs {

@@ -1,7 +1,10 @@
 // mfsdp: train TorchScript models with Megatron-FSDP-style sharding, launched by mpirun or srun.
 // Errors: one line per failing rank, exit status 2 for user errors, 1 for internal ones; with more
 // than one rank the failing rank aborts the whole job so that no peer is left waiting.
+#include <unistd.h>
+
 #include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -12,6 +15,15 @@
 #include "util/error.h"
 
 namespace {
+
+// Ctrl-C: one line per rank and status 130, not a stack of launcher noise. Only async-signal-safe
+// calls in the handler; the line is prepared once the rank is known.
+char g_sigint_line[96] = "mfsdp: interrupted (SIGINT)\n";
+extern "C" void on_sigint(int) {
+  ssize_t n = write(2, g_sigint_line, strlen(g_sigint_line));
+  (void)n;
+  _exit(130);
+}
 
 int report_and_exit(const char* kind, const char* what, int code) {
   const int rank = mfsdp::MpiEnv::world_rank();
@@ -29,6 +41,7 @@ int main(int argc, char** argv) {
   mfsdp::maybe_reexec_for_blas(argc, argv);  // before libopenblas is used: see train/system.h
   // A file-size limit (a full quota) must fail the write with an error we report, not kill us.
   std::signal(SIGXFSZ, SIG_IGN);
+  std::signal(SIGINT, on_sigint);
   CLI::App app{"mfsdp: Megatron-FSDP-style sharded training of TorchScript models, launched by mpirun or srun"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mfsdp 0.1.0");
@@ -47,6 +60,8 @@ int main(int argc, char** argv) {
   runners[exp] = {mfsdp::cli::add_export(*exp), false};
   auto* insp = app.add_subcommand("inspect", "Show a checkpoint's metadata and verify its checksums");
   runners[insp] = {mfsdp::cli::add_inspect(*insp), false};
+  auto* diag = app.add_subcommand("diagnose", "Explain a hang from the watchdog's flight records of every rank");
+  runners[diag] = {mfsdp::cli::add_diagnose(*diag), false};
 
   try {
     app.parse(argc, argv);
@@ -58,7 +73,11 @@ int main(int argc, char** argv) {
   try {
     for (auto& [cmd, runner] : runners) {
       if (!cmd->parsed()) continue;
-      if (runner.second) mpi = std::make_unique<mfsdp::MpiEnv>(&argc, &argv);
+      if (runner.second) {
+        mpi = std::make_unique<mfsdp::MpiEnv>(&argc, &argv);
+        std::snprintf(g_sigint_line, sizeof g_sigint_line, "mfsdp: rank %d: interrupted (SIGINT)\n",
+                      mfsdp::MpiEnv::world_rank());
+      }
       int rc = runner.first();
       mpi.reset();
       return rc;

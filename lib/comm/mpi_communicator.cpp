@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "comm/communicator.h"
+#include "comm/flight_recorder.h"
 #include "comm/progress_thread.h"
 #include "util/error.h"
 
@@ -98,7 +99,7 @@ class MpiCommunicator final : public Communicator {
     int n = static_cast<int>(in.numel());
     // Gathering in place (the input is this rank's slice of the output) is MPI_IN_PLACE.
     bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + size_t(rank()) * in.nbytes();
-    return submit([=] {
+    return submit("all_gather", out.numel(), in.scalar_type(), [=] {
       MPI_Request req;
       check(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_, &req),
             "MPI_Iallgather");
@@ -117,7 +118,7 @@ class MpiCommunicator final : public Communicator {
     auto mop = mpi_op(op, in.scalar_type());
     int n = static_cast<int>(out.numel());
     int world = size();
-    return submit([=] {
+    return submit("reduce_scatter", in.numel(), in.scalar_type(), [=] {
       MPI_Request req;
       check(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, dt, mop, comm_, &req),
             "MPI_Ireduce_scatter_block");
@@ -134,7 +135,7 @@ class MpiCommunicator final : public Communicator {
     auto mop = mpi_op(op, t.scalar_type());
     int n = static_cast<int>(t.numel());
     int world = size();
-    return submit([=] {
+    return submit("all_reduce", t.numel(), t.scalar_type(), [=] {
       MPI_Request req;
       check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, dt, mop, comm_, &req), "MPI_Iallreduce");
       wait_mpi_request(req, "all_reduce");
@@ -151,7 +152,7 @@ class MpiCommunicator final : public Communicator {
     if (size() == 1 || t.numel() == 0) return done();
     auto dt = mpi_type(t.scalar_type());
     int n = static_cast<int>(t.numel());
-    return submit([=] {
+    return submit("broadcast", t.numel(), t.scalar_type(), [=] {
       MPI_Request req;
       check(MPI_Ibcast(t.data_ptr(), n, dt, root, comm_, &req), "MPI_Ibcast");
       wait_mpi_request(req, "broadcast");
@@ -160,7 +161,7 @@ class MpiCommunicator final : public Communicator {
 
   WorkHandle barrier_async() override {
     if (size() == 1) return done();
-    return submit([=] {
+    return submit("barrier", 0, at::kByte, [=] {
       MPI_Request req;
       check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
       wait_mpi_request(req, "barrier");
@@ -170,7 +171,20 @@ class MpiCommunicator final : public Communicator {
  private:
   static WorkHandle done() { return std::make_shared<CompletedWork>(); }
   // The lambda holds copies of the tensors, so their storage lives until the collective is done.
-  static WorkHandle submit(std::function<void()> fn) { return ProgressThread::instance().submit(std::move(fn)); }
+  // Every collective goes into the flight recorder with this group's next sequence number.
+  WorkHandle submit(const char* op, int64_t numel, at::ScalarType dtype, std::function<void()> fn) {
+    auto& rec = FlightRecorder::instance();
+    const uint64_t h = rec.begin(op, name(), world_ranks(), ++seq_, numel, c10::toString(dtype));
+    return ProgressThread::instance().submit([fn = std::move(fn), h, &rec] {
+      try {
+        fn();
+      } catch (...) {
+        rec.end(h);
+        throw;
+      }
+      rec.end(h);
+    });
+  }
   void check(int rc, const char* call) const {
     if (rc == MPI_SUCCESS) return;
     char msg[MPI_MAX_ERROR_STRING];
@@ -183,6 +197,7 @@ class MpiCommunicator final : public Communicator {
       throw std::invalid_argument(name() + "." + op + ": the MPI backend takes CPU tensors, got " + t.device().str());
   }
   MPI_Comm comm_;
+  uint64_t seq_ = 0;
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "comm/flight_recorder.h"
 #include "comm/progress_thread.h"
 #include "util/error.h"
 
@@ -22,6 +23,7 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
 }
 
 MpiEnv::~MpiEnv() {
+  FlightRecorder::instance().stop_watchdog();
   ProgressThread::shutdown();
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -44,6 +44,9 @@ struct DistributedConfig {
   bool fsdp_double_buffer = false;
   bool activation_checkpointing = false;
   bool report_nan_in_param_grad = false;
+
+  // A collective that has not finished after this many seconds stops the job with a flight record.
+  double timeout_s = 600;
 };
 
 // One dataset of a (possibly weighted) blend. `path` is a Megatron prefix (path.bin + path.idx)

@@ -70,6 +70,9 @@ void describe(Config& c, V& v) {
     v.field("fsdp_double_buffer", d.fsdp_double_buffer);
     v.field("activation_checkpointing", d.activation_checkpointing);
     v.field("report_nan_in_param_grad", d.report_nan_in_param_grad);
+    v.field("timeout_s", d.timeout_s, Check<double>([](const double& x) {
+              return x >= 1 ? std::string() : std::string("a number of seconds >= 1");
+            }));
   });
   v.section("data", [&] {
     v.field("train", c.data.train);

@@ -27,6 +27,7 @@
 #include <map>
 
 #include "comm/communicator.h"
+#include "comm/flight_recorder.h"
 #include "fsdp/engine.h"
 #include "fsdp/unit_ops.h"
 #include "mesh/process_groups.h"
@@ -252,7 +253,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       } else if (strategy_ <= 2) {
         at::Tensor mine = b.full.narrow(0, r_ * b.shard, b.shard);
         if (!b.main.is_same(mine)) mine.copy_(b.main);
+        FlightRecorder::instance().set_tag("post-step gather of " + b.name);
         b.gather = shard_.all_gather_async(b.full, mine);
+        FlightRecorder::instance().set_tag("");
         if (!d_.overlap_param_gather) wait_gather(b);
       } else {
         if (!b.main.is_same(b.shard_w)) b.shard_w.copy_(b.main);
@@ -573,6 +576,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     b.reduced_this_micro = true;
     const int dp = dp_.size();
     ReduceOp op = d_.average_in_collective ? ReduceOp::kAvg : ReduceOp::kSum;
+    FlightRecorder::instance().set_tag("reduce gradients of " + b.name);
     if (!d_.calculate_per_token_loss && !d_.average_in_collective && dp > 1) b.grad_full.div_(dp);
     if (strategy_ == 0) {
       b.reduces.push_back({dp_.all_reduce_async(b.grad_full, op), {}, {}});
@@ -590,6 +594,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       b.reduces.push_back({shard_.reduce_scatter_async(out, b.grad_full, op), out, b.grad_full});
       b.grad_full = at::Tensor();  // the next backward starts a new one; this one is freed when reduced
     }
+    FlightRecorder::instance().set_tag("");
   }
 
   // ---- strategy 3 storage: allocated in place before use, freed after
@@ -607,7 +612,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       track(int64_t(bytes));
     }
     storage(b)->set_nbytes(bytes);
+    FlightRecorder::instance().set_tag("gather weights of " + b.name);
     b.gather = shard_.all_gather_async(b.full, b.shard_w);
+    FlightRecorder::instance().set_tag("");
     b.gathered = true;
   }
 

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include <atomic>
 #include <csignal>
@@ -24,6 +25,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/communicator.h"
+#include "comm/flight_recorder.h"
 #include "comm/mpi_env.h"
 #include "data/gpt_dataset.h"
 #include "fsdp/engine.h"
@@ -147,11 +149,14 @@ class Trainer {
     pg_ = std::make_unique<ProcessGroups>(*mesh_, Backend::kMpi);
     const std::string pfx = cfg_.logging.all_ranks && world_ > 1 ? fmt::format("[rank {}] ", rank_) : "";
 
-    // Threads: what the launcher bound us to, else an equal share of the node's cores.
+    // Threads: SLURM's cpus-per-task, else what the launcher bound us to, else an equal share of
+    // the node's cores among its ranks.
     const int online = int(sysconf(_SC_NPROCESSORS_ONLN));
     const int mine = cores_available();
     const int local = MpiEnv::local_size();
+    const char* slurm_cpus = std::getenv("SLURM_CPUS_PER_TASK");
     const int threads = cfg_.training.threads ? int(*cfg_.training.threads)
+                        : slurm_cpus          ? std::max(1, std::atoi(slurm_cpus))
                                               : std::max(1, mine < online ? mine : mine / std::max(1, local));
     set_threads(threads);
     if (threads > mine)
@@ -164,6 +169,8 @@ class Trainer {
       write_file_atomically(cfg_.run_dir + "/config.yaml", "# resolved config of this run (source: " + cfg_.source +
                                                                ")\n" + to_yaml(cfg_));
     }
+    FlightRecorder::instance().start_watchdog(cfg_.distributed.timeout_s, cfg_.run_dir, rank_, world_);
+    log_placement(threads);
     log(fmt::format("mfsdp train: {} ranks, {}, {} threads per rank, {}", world_,
                     fmt::format("mesh dp_replicate {} x dp_shard {} x cp {} x tp {}", shape_.dp_replicate, shape_.dp_shard,
                                 shape_.cp, shape_.tp),
@@ -230,6 +237,44 @@ class Trainer {
     progress_ = rank0_ && cfg_.logging.progress != "off" &&
                 (cfg_.logging.progress == "on" || (isatty(1) && !launched));
     start_ = Clock::now();
+  }
+
+  // Test hook (tests/train/launch_scenarios.py): MFSDP_TEST_MISMATCH="RANK:STEP" makes that rank
+  // issue one all_gather the others do not, so that the watchdog and `diagnose` can be checked
+  // against a real mismatched collective.
+  void plant_mismatch_for_tests(int64_t step) {
+    const char* spec = std::getenv("MFSDP_TEST_MISMATCH");
+    if (!spec) return;
+    int r = -1;
+    long long s = -1;
+    if (std::sscanf(spec, "%d:%lld", &r, &s) != 2 || r != rank_ || s != step) return;
+    Communicator& c = pg_->get(MeshGroup::kWorld);
+    at::Tensor small = at::zeros({4}, at::kFloat), big = at::zeros({4 * c.size()}, at::kFloat);
+    FlightRecorder::instance().set_tag("planted by MFSDP_TEST_MISMATCH");
+    c.all_gather(big, small);
+  }
+
+  // One line per rank: where it runs and what it does, printed by rank 0 as a table.
+  void log_placement(int threads) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    const char* launcher = std::getenv("SLURM_JOB_ID") ? "slurm" : std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "singleton";
+    const std::string line = fmt::format(
+        "{:>5} {:<16} {:>5}/{:<5} {:<8} {:>7}  ({},{},{},{})  {}", rank_, host, MpiEnv::local_rank(), MpiEnv::local_size(),
+        "cpu", threads, mesh_->coord(MeshDim::kDpReplicate), mesh_->coord(MeshDim::kDpShard), mesh_->coord(MeshDim::kCp),
+        mesh_->coord(MeshDim::kTp), launcher);
+    auto& world = pg_->get(MeshGroup::kWorld);
+    at::Tensor len = at::full({1}, int64_t(line.size()), at::kLong), lens = at::empty({world.size()}, at::kLong);
+    world.all_gather(lens, len);
+    const int64_t n = lens.max().item<int64_t>();
+    at::Tensor mine = at::zeros({n}, at::kByte), all = at::empty({n * world.size()}, at::kByte);
+    std::memcpy(mine.data_ptr(), line.data(), line.size());
+    world.all_gather(all, mine);
+    std::string table = fmt::format("placement:\n{:>5} {:<16} {:>11} {:<8} {:>7}  {}  {}", "rank", "host", "local rank",
+                                    "device", "threads", "(rep,shard,cp,tp)", "launcher");
+    for (int r = 0; r < world.size(); ++r)
+      table += "\n" + std::string(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * n), size_t(lens[r].item<int64_t>()));
+    log(table);
   }
 
   // Keeps the lines of steps <= `step` (a crashed run may have logged steps past its checkpoint).
@@ -300,6 +345,8 @@ class Trainer {
 
   StepMetrics train_step(int64_t step) {
     const auto t0 = Clock::now();
+    FlightRecorder::instance().set_step(step + 1);
+    plant_mismatch_for_tests(step + 1);
     engine_->start_step();
     LossSums sums;
     for (int64_t k = 0; k < accum_; ++k) {
