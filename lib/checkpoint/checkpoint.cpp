@@ -34,20 +34,6 @@ constexpr const char* kFormat = "mfsdp-checkpoint-1";
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
-// Every rank's string, on every rank (all-gather of lengths, then of the padded bytes).
-std::vector<std::string> all_gather_strings(Communicator& c, const std::string& s) {
-  at::Tensor len = at::full({1}, int64_t(s.size()), at::kLong), lens = at::empty({c.size()}, at::kLong);
-  c.all_gather(lens, len);
-  int64_t max_len = std::max<int64_t>(1, lens.max().item<int64_t>());
-  at::Tensor mine = at::zeros({max_len}, at::kByte), all = at::empty({max_len * c.size()}, at::kByte);
-  std::memcpy(mine.data_ptr(), s.data(), s.size());
-  c.all_gather(all, mine);
-  std::vector<std::string> out;
-  for (int r = 0; r < c.size(); ++r)
-    out.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * max_len), size_t(lens[r].item<int64_t>()));
-  return out;
-}
-
 std::string broadcast_string(Communicator& c, const std::string& s) { return all_gather_strings(c, s)[0]; }
 
 void fsync_path(const std::string& path) {

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
+
 #include "util/error.h"
 
 namespace mfsdp {
@@ -39,6 +41,19 @@ void Communicator::check_gather_pair(const at::Tensor& big, const at::Tensor& sm
     throw std::invalid_argument(name_ + "." + op + ": the large tensor must have group size (" +
                                 std::to_string(size()) + ") x " + std::to_string(small.numel()) + " elements, has " +
                                 std::to_string(big.numel()));
+}
+
+std::vector<std::string> all_gather_strings(Communicator& c, const std::string& s) {
+  at::Tensor len = at::full({1}, int64_t(s.size()), at::kLong), lens = at::empty({c.size()}, at::kLong);
+  c.all_gather(lens, len);
+  const int64_t max_len = std::max<int64_t>(1, lens.max().item<int64_t>());
+  at::Tensor mine = at::zeros({max_len}, at::kByte), all = at::empty({max_len * c.size()}, at::kByte);
+  std::memcpy(mine.data_ptr(), s.data(), s.size());
+  c.all_gather(all, mine);
+  std::vector<std::string> out;
+  for (int r = 0; r < c.size(); ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * max_len), size_t(lens[r].item<int64_t>()));
+  return out;
 }
 
 }  // namespace mfsdp

@@ -72,6 +72,9 @@ class Communicator {
   std::vector<int> world_ranks_;
 };
 
+// Every member's string, on every member (all-gather of lengths, then of the padded bytes).
+std::vector<std::string> all_gather_strings(Communicator& c, const std::string& s);
+
 // A communicator over the members of `comm` (an MPI communicator this object takes ownership of,
 // unless it is MPI_COMM_WORLD). For kNccl the NCCL unique id is made on group rank 0 and broadcast
 // over `comm`; requires a build with NCCL (nccl_available()).

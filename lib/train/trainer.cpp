@@ -263,17 +263,9 @@ class Trainer {
         "{:>5} {:<16} {:>5}/{:<5} {:<8} {:>7}  ({},{},{},{})  {}", rank_, host, MpiEnv::local_rank(), MpiEnv::local_size(),
         "cpu", threads, mesh_->coord(MeshDim::kDpReplicate), mesh_->coord(MeshDim::kDpShard), mesh_->coord(MeshDim::kCp),
         mesh_->coord(MeshDim::kTp), launcher);
-    auto& world = pg_->get(MeshGroup::kWorld);
-    at::Tensor len = at::full({1}, int64_t(line.size()), at::kLong), lens = at::empty({world.size()}, at::kLong);
-    world.all_gather(lens, len);
-    const int64_t n = lens.max().item<int64_t>();
-    at::Tensor mine = at::zeros({n}, at::kByte), all = at::empty({n * world.size()}, at::kByte);
-    std::memcpy(mine.data_ptr(), line.data(), line.size());
-    world.all_gather(all, mine);
     std::string table = fmt::format("placement:\n{:>5} {:<16} {:>11} {:<8} {:>7}  {}  {}", "rank", "host", "local rank",
                                     "device", "threads", "(rep,shard,cp,tp)", "launcher");
-    for (int r = 0; r < world.size(); ++r)
-      table += "\n" + std::string(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * n), size_t(lens[r].item<int64_t>()));
+    for (const auto& row : all_gather_strings(pg_->get(MeshGroup::kWorld), line)) table += "\n" + row;
     log(table);
   }
 

@@ -5,7 +5,6 @@
 
 Scenarios: exact, reshard, kill, corrupt, diskfull, export, preempt, async.
 """
-import argparse
 import json
 import os
 import random
@@ -16,12 +15,9 @@ import subprocess
 import sys
 import time
 
-A = None
+from scenario_common import fail, scenario_main
 
-
-def fail(msg):
-    print("FAILED:", msg)
-    sys.exit(1)
+A = None  # the parsed command line, set by scenario_main
 
 
 def cmd(np_, run_dir, *overrides, limit_kib=None):
@@ -258,22 +254,5 @@ def scenario_async():
     same(rd, r2, after=10, rtol=0.0, what="resume from an asynchronously written checkpoint")
 
 
-def main():
-    global A
-    ap = argparse.ArgumentParser()
-    ap.add_argument("scenario")
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--fx", required=True)
-    ap.add_argument("--mpirun", required=True)
-    ap.add_argument("--trials", type=int, default=10)
-    A = ap.parse_args()
-    A.src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    A.work = f"{A.fx}/ckpt_{A.scenario}"
-    os.makedirs(A.work, exist_ok=True)
-    random.seed(int(time.time()))
-    globals()[f"scenario_{A.scenario}"]()
-    print(f"{A.scenario}: OK")
-
-
 if __name__ == "__main__":
-    main()
+    scenario_main(globals(), "ckpt")

@@ -11,7 +11,6 @@ slurm:     a start as srun makes it, simulated by SLURM's environment variables.
 sbatch:    scripts/slurm/train.sbatch passes bash -n and prints its launch command in dry-run mode.
 sigint:    Ctrl-C (SIGINT) to a rank ends the job with one line naming it.
 """
-import argparse
 import os
 import random
 import shlex
@@ -21,12 +20,9 @@ import subprocess
 import sys
 import time
 
-A = None
+from scenario_common import fail, scenario_main
 
-
-def fail(msg):
-    print("FAILED:", msg)
-    sys.exit(1)
+A = None  # the parsed command line, set by scenario_main
 
 
 def cmd(np_, run_dir, *overrides):
@@ -170,22 +166,5 @@ def scenario_sigint():
         fail("SIGINT did not end the job with one line naming the rank")
 
 
-def main():
-    global A
-    ap = argparse.ArgumentParser()
-    ap.add_argument("scenario")
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--fx", required=True)
-    ap.add_argument("--mpirun", required=True)
-    ap.add_argument("--src", required=True)
-    ap.add_argument("--trials", type=int, default=10)
-    A = ap.parse_args()
-    A.work = f"{A.fx}/launch_{A.scenario}"
-    os.makedirs(A.work, exist_ok=True)
-    random.seed(int(time.time()))
-    globals()[f"scenario_{A.scenario}"]()
-    print(f"{A.scenario}: OK")
-
-
 if __name__ == "__main__":
-    main()
+    scenario_main(globals(), "launch")
