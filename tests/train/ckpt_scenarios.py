@@ -242,6 +242,23 @@ def scenario_preempt():
     same(ref, rd, rtol=0.0, what="preempted and resumed run vs uninterrupted")
 
 
+def scenario_retention():
+    # keep_last: only the newest N complete directories stay; save_final: false writes no final one.
+    rd, ck = fresh(f"{A.work}/keep"), fresh(f"{A.work}/keep.ckpt")
+    run(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "checkpoint.save_every=2",
+        "checkpoint.keep_last=2", "training.max_steps=10")
+    left = sorted(os.listdir(ck))
+    if left != ["latest", "step_00000008", "step_00000010"]:
+        fail(f"keep_last=2 left {left}")
+    rd2, ck2 = fresh(f"{A.work}/nofinal"), fresh(f"{A.work}/nofinal.ckpt")
+    run(1, rd2, f"checkpoint.dir={ck2}", "checkpoint.save_every=4", "checkpoint.save_final=false",
+        "checkpoint.keep_last=0", "training.max_steps=10")
+    left2 = sorted(os.listdir(ck2))
+    if left2 != ["latest", "step_00000004", "step_00000008"]:
+        fail(f"save_final=false left {left2}")
+    print(f"keep_last=2: {left}; save_final=false: {left2}")
+
+
 def scenario_async():
     rd, ck = fresh(f"{A.work}/async"), fresh(f"{A.work}/async.ckpt")
     run(2, rd, "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}", "checkpoint.save_every=5",
