@@ -45,23 +45,30 @@ int main(int argc, char** argv) {
   CLI::App app{"mfsdp: Megatron-FSDP-style sharded training of TorchScript models, launched by mpirun or srun"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mfsdp 0.1.0");
+  // Every subcommand: name, help, how it registers its options, whether it needs MPI.
+  struct Subcommand {
+    const char* name;
+    const char* help;
+    mfsdp::cli::Runner (*add)(CLI::App&);
+    bool needs_mpi;
+  };
+  const Subcommand subcommands[] = {
+      {"validate", "Check a config and show the mesh for a world size (no launch)", mfsdp::cli::add_validate, false},
+      {"bench-comm", "Measure all_gather / reduce_scatter / all_reduce bus bandwidth per mesh group",
+       mfsdp::cli::add_bench_comm, true},
+      {"train", "Train a TorchScript model (launch with mpirun -np N or srun)", mfsdp::cli::add_train, true},
+      {"prepare-data", "Turn text files into a Megatron indexed dataset (.bin + .idx)", mfsdp::cli::add_prepare_data,
+       false},
+      {"plot", "Draw a run's loss curves (metrics.jsonl) as SVG", mfsdp::cli::add_plot, false},
+      {"export", "Consolidate a checkpoint into safetensors (or a TorchScript model)", mfsdp::cli::add_export, false},
+      {"inspect", "Show a checkpoint's metadata and verify its checksums", mfsdp::cli::add_inspect, false},
+      {"diagnose", "Explain a hang from the watchdog's flight records of every rank", mfsdp::cli::add_diagnose, false},
+  };
   std::map<CLI::App*, std::pair<mfsdp::cli::Runner, bool>> runners;  // runner, needs MPI
-  auto* validate = app.add_subcommand("validate", "Check a config and show the mesh for a world size (no launch)");
-  runners[validate] = {mfsdp::cli::add_validate(*validate), false};
-  auto* bench = app.add_subcommand("bench-comm", "Measure all_gather / reduce_scatter / all_reduce bus bandwidth per mesh group");
-  runners[bench] = {mfsdp::cli::add_bench_comm(*bench), true};
-  auto* train = app.add_subcommand("train", "Train a TorchScript model (launch with mpirun -np N or srun)");
-  runners[train] = {mfsdp::cli::add_train(*train), true};
-  auto* prep = app.add_subcommand("prepare-data", "Turn text files into a Megatron indexed dataset (.bin + .idx)");
-  runners[prep] = {mfsdp::cli::add_prepare_data(*prep), false};
-  auto* plot = app.add_subcommand("plot", "Draw a run's loss curves (metrics.jsonl) as SVG");
-  runners[plot] = {mfsdp::cli::add_plot(*plot), false};
-  auto* exp = app.add_subcommand("export", "Consolidate a checkpoint into safetensors (or a TorchScript model)");
-  runners[exp] = {mfsdp::cli::add_export(*exp), false};
-  auto* insp = app.add_subcommand("inspect", "Show a checkpoint's metadata and verify its checksums");
-  runners[insp] = {mfsdp::cli::add_inspect(*insp), false};
-  auto* diag = app.add_subcommand("diagnose", "Explain a hang from the watchdog's flight records of every rank");
-  runners[diag] = {mfsdp::cli::add_diagnose(*diag), false};
+  for (const auto& sc : subcommands) {
+    CLI::App* cmd = app.add_subcommand(sc.name, sc.help);
+    runners[cmd] = {sc.add(*cmd), sc.needs_mpi};
+  }
 
   try {
     app.parse(argc, argv);
