@@ -180,7 +180,6 @@ Batch DataPipeline::make_batch(BlendedSamples& s, int64_t first, int64_t count) 
   at::Tensor raw = at::empty({count, T + 1}, at::kLong);
   int64_t* p = raw.data_ptr<int64_t>();
   for (int64_t b = 0; b < count; ++b) s.get(first + b, p + b * (T + 1));
-  max_token_ = std::max(max_token_, raw.max().item<int64_t>());
   if (raw.min().item<int64_t>() < 0) throw UserError("data: negative token id in the dataset");
   Batch batch;
   batch.tokens = raw.slice(1, 0, T).contiguous();

@@ -70,7 +70,6 @@ class DataPipeline {
   // Micro-batch `micro` of evaluation iteration `iter` (the same samples at every evaluation).
   Batch valid_batch(int64_t iter, int64_t micro);
   bool has_valid() const { return valid_ != nullptr; }
-  int64_t max_token_seen() const { return max_token_; }
   std::string describe() const { return description_; }
 
  private:
@@ -79,7 +78,6 @@ class DataPipeline {
   int64_t dp_rank_, dp_size_;
   std::vector<std::unique_ptr<TokenSource>> sources_;
   std::unique_ptr<BlendedSamples> train_, valid_;
-  int64_t max_token_ = 0;
   std::string description_;
 };
 

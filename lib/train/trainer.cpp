@@ -306,11 +306,12 @@ class Trainer {
   // Cross entropy of one micro-batch: returns (sum of masked token losses, masked tokens) and,
   // when `backward`, runs backward on the normalised objective.
   LossSums micro_batch(const Batch& b, bool backward) {
-    const int64_t max_token = b.tokens.max().item<int64_t>();
-    if (std::max(max_token, b.targets.max().item<int64_t>()) >= vocab_)
+    // Targets are the tokens shifted by one: together they are every token of the window.
+    const int64_t max_token = std::max(b.tokens.max().item<int64_t>(), b.targets.max().item<int64_t>());
+    if (max_token >= vocab_)
       throw UserError(fmt::format("data: token id {} does not fit the model's vocabulary of {} ({}): the dataset was "
                                   "made with a larger vocabulary than the model",
-                                  std::max(max_token, b.targets.max().item<int64_t>()), vocab_, cfg_.model.path));
+                                  max_token, vocab_, cfg_.model.path));
     engine_->pre_model_forward();
     at::Tensor logits = model_->forward(b.tokens, b.position_ids);
     if (logits.dim() != 3 || logits.size(0) != b.tokens.size(0) || logits.size(1) != b.tokens.size(1))
