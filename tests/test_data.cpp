@@ -253,3 +253,18 @@ TEST_CASE("prepare-data: byte-level tokens with end-of-document, one document pe
   std::ifstream leftover(tmpdir() + "/q.bin");
   CHECK_FALSE(leftover.good());  // nothing half-written
 }
+
+TEST_CASE("data.shuffle: false reads the windows in file order") {
+  auto prefix = write_megatron("noshuffle", {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}}, 8);
+  Config cfg = load_config_string("model: {path: m}\ndata: {train: " + prefix + ", shuffle: false}\n"
+                                  "training: {global_batch_size: 2, micro_batch_size: 1, seq_length: 3}\n", "s.yaml");
+  DataPipeline p(cfg, 0, 1);
+  CHECK(p.train_batch(0, 0).tokens[0][0].item<int64_t>() == 1);
+  CHECK(p.train_batch(0, 1).tokens[0][0].item<int64_t>() == 4);
+  Config shuffled = load_config_string("model: {path: m}\ndata: {train: " + prefix + "}\n"
+                                       "training: {global_batch_size: 2, micro_batch_size: 1, seq_length: 3}\n", "s.yaml");
+  DataPipeline q(shuffled, 0, 1);
+  std::vector<int64_t> firsts;
+  for (int k = 0; k < 4; ++k) firsts.push_back(q.train_batch(k / 2, k % 2).tokens[0][0].item<int64_t>());
+  CHECK(firsts != std::vector<int64_t>{1, 4, 7, 10});
+}

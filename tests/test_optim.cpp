@@ -89,3 +89,13 @@ TEST_CASE("LR schedules: warmup, cosine, linear, constant, WSD, inverse sqrt") {
   CHECK(learning_rate(s, 1.0, 110, 40) == Approx(std::sqrt(10.0 / 40.0)));
   CHECK(learning_rate(s, 1.0, 1000000, 1000000) == Approx(0.1));  // floored at min_lr
 }
+
+TEST_CASE("decay_steps ends the decay before max_steps") {
+  LrSchedulerConfig s;
+  s.name = "linear";
+  s.warmup_steps = 0;
+  s.min_lr = 0.0;
+  s.decay_steps = 50;
+  CHECK(learning_rate(s, 1.0, 100, 25) == Approx(0.5));
+  CHECK(learning_rate(s, 1.0, 100, 60) == Approx(0.0));  // past decay_steps: min_lr
+}

@@ -257,6 +257,16 @@ def scenario_retention():
     if left2 != ["latest", "step_00000004", "step_00000008"]:
         fail(f"save_final=false left {left2}")
     print(f"keep_last=2: {left}; save_final=false: {left2}")
+    # resume: none starts fresh even beside complete checkpoints; auto takes the latest.
+    out = run(2, fresh(f"{A.work}/none"), "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}",
+              "checkpoint.resume=none", "checkpoint.keep_last=2", "training.max_steps=10")
+    if "resumed from" in out:
+        fail("checkpoint.resume=none resumed")
+    out = run(2, fresh(f"{A.work}/auto"), "distributed.zero_dp_strategy=3", f"checkpoint.dir={ck}",
+              "checkpoint.keep_last=2", "training.max_steps=12")
+    if "resumed from" not in out or "step_00000010" not in out:
+        fail("checkpoint.resume=auto did not take the latest checkpoint")
+    print("resume=none started fresh; resume=auto took step_00000010")
 
 
 def scenario_async():
