@@ -11,10 +11,13 @@ The model contract (README "Model contract") that any TorchScript model must fol
   - the repeated blocks are sibling submodules (blocks.0, blocks.1, ... of one class): the FSDP units;
   - the attention core softmax(QK^T/sqrt(d))V with a causal mask is a submodule of its own
     (class CoreAttention, forward(q, k, v) on [B, heads, T, head_dim]);
-  - head counts are computed from tensor shapes and a head_dim attribute, never stored, so that a
-    tensor-parallel rank holding a slice of the heads runs the same code.
+  - head counts and the sequence length are computed from the shapes of the projections' outputs
+    and a head_dim attribute, never stored nor taken from the module's input, so that a
+    tensor-parallel rank holding a slice of the heads (and, with sequence parallelism, a slice of
+    the input sequence) runs the same code.
 """
 import argparse
+import json
 import math
 
 import torch
@@ -44,9 +47,10 @@ class GptAttention(nn.Module):
         self.c_proj = nn.Linear(d, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t = x.size(0), x.size(1)
         q, k, v = self.c_attn(x).chunk(3, dim=-1)
-        h = q.size(-1) // self.head_dim
+        # Sizes from the projection, not from x: with sequence parallelism x holds part of the
+        # sequence and the projection all of it; with tensor parallelism q holds some of the heads.
+        b, t, h = q.size(0), q.size(1), q.size(-1) // self.head_dim
         q = q.reshape(b, t, h, self.head_dim).transpose(1, 2)
         k = k.reshape(b, t, h, self.head_dim).transpose(1, 2)
         v = v.reshape(b, t, h, self.head_dim).transpose(1, 2)
@@ -148,8 +152,8 @@ class LlamaAttention(nn.Module):
         self.register_buffer("inv_freq", inv_freq if rope_buffer else torch.zeros(0), persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        b, t = x.size(0), x.size(1)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        b, t = q.size(0), q.size(1)  # from the projection (see GptAttention)
         h, hkv = q.size(-1) // self.head_dim, k.size(-1) // self.head_dim
         q = q.reshape(b, t, h, self.head_dim).transpose(1, 2)
         k = k.reshape(b, t, hkv, self.head_dim).transpose(1, 2)
@@ -215,6 +219,35 @@ class Llama(nn.Module):
         return self.lm_head(self.norm(x))
 
 
+# Default tensor-parallel plans (Megatron-LM layout), stored in the exported file as the extra file
+# mfsdp/tp_plan.json; distributed.tp_plan in the YAML replaces them. Keys are globs over module paths.
+GPT_TP_PLAN = {
+    "wte": "vocab_parallel",
+    "*.attn.c_attn": "colwise:3",  # q, k, v packed: each part sharded by heads
+    "*.attn.c_proj": "rowwise",
+    "*.mlp.c_fc": "colwise",
+    "*.mlp.c_proj": "rowwise",
+    "*.ln_1": "sequence_parallel",
+    "*.ln_2": "sequence_parallel",
+    "ln_f": "sequence_parallel",
+    "lm_head": "colwise",  # logits stay sharded over the vocabulary: vocab-parallel cross entropy
+}
+LLAMA_TP_PLAN = {
+    "embed_tokens": "vocab_parallel",
+    "*.self_attn.q_proj": "colwise",
+    "*.self_attn.k_proj": "colwise",
+    "*.self_attn.v_proj": "colwise",
+    "*.self_attn.o_proj": "rowwise",
+    "*.mlp.gate_proj": "colwise",
+    "*.mlp.up_proj": "colwise",
+    "*.mlp.down_proj": "rowwise",
+    "*.input_layernorm": "sequence_parallel",
+    "*.post_attention_layernorm": "sequence_parallel",
+    "norm": "sequence_parallel",
+    "lm_head": "colwise",
+}
+
+
 def init_weights(model: nn.Module, layers: int, std: float = 0.02) -> None:
     """GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/sqrt(2 L)."""
     for name, p in model.named_parameters():
@@ -261,6 +294,7 @@ def main() -> None:
     ap.add_argument("--tied", action="store_true", help="llama: tie the output head to the embedding")
     ap.add_argument("--trace", action="store_true", help="torch.jit.trace instead of torch.jit.script")
     ap.add_argument("--nested", action="store_true", help="gpt: blocks grouped in two stages (blocks.K.blocks.J)")
+    ap.add_argument("--no-tp-plan", action="store_true", help="do not store the default tensor-parallel plan")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--state-dict", help="also save the initial state_dict (torch.save) here, for parity checks")
     ap.add_argument("--out", required=True)
@@ -274,7 +308,11 @@ def main() -> None:
         exported = torch.jit.trace(model, (tokens, pos), check_trace=False)
     else:
         exported = torch.jit.script(model)
-    exported.save(args.out)
+    plan = GPT_TP_PLAN if args.arch == "gpt" else LLAMA_TP_PLAN
+    if args.no_tp_plan:
+        exported.save(args.out)
+    else:
+        exported.save(args.out, _extra_files={"mfsdp/tp_plan.json": json.dumps(plan, indent=1)})
     if args.state_dict:
         torch.save(model.state_dict(), args.state_dict)
     n = sum(p.numel() for p in model.parameters())

@@ -93,7 +93,7 @@ json read_index(const std::string& dir) {
 // Names and shapes of a model's parameters, as the index records them.
 json model_params_json(const Model& model) {
   json params = json::object();
-  for (const auto& p : model.params()) params[p.name] = {{"shape", p.tensor.sizes().vec()}, {"aliases", p.aliases}};
+  for (const auto& p : model.params()) params[p.name] = {{"shape", p.global_shape()}, {"aliases", p.aliases}};
   return params;
 }
 
@@ -133,18 +133,81 @@ class PieceReader {
   std::map<std::string, std::unique_ptr<SafetensorsFile>> open_;
 };
 
-// Copies elements [begin, end) of parameter `name` (kind "main" or an optimizer state) from the
-// checkpoint's pieces into `dst` (end - begin elements). Throws if the pieces do not cover it.
+// A piece's tensor-parallel split ("tp": [dim, size, rank, part sizes...]; absent: not split).
+TpSplit piece_split(const json& pc, const std::vector<int64_t>& global_shape) {
+  TpSplit t;
+  if (!pc.contains("tp")) return t;
+  auto v = pc["tp"].get<std::vector<int64_t>>();
+  t.dim = int(v.at(0));
+  t.size = v.at(1);
+  t.rank = v.at(2);
+  t.parts.assign(v.begin() + 3, v.end());
+  t.global_shape = global_shape;
+  return t;
+}
+
+json split_json(const TpSplit& t) {
+  std::vector<int64_t> v{t.dim, t.size, t.rank};
+  v.insert(v.end(), t.parts.begin(), t.parts.end());
+  return v;
+}
+
+bool same_layout(const TpSplit& a, const TpSplit& b) {
+  if (!a.split() || !b.split()) return a.split() == b.split();
+  return a.dim == b.dim && a.size == b.size && a.parts == b.parts;
+}
+
+// The whole (global) parameter `name` of kind "main" or an optimizer state, assembled from pieces
+// written under any tensor-parallel and data-parallel layout.
+at::Tensor read_full_param(PieceReader& reader, const json& index, const std::string& kind, const std::string& name) {
+  const auto& entry = index["params"].at(name);
+  const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  at::Tensor full = at::empty({numel}, at::kFloat);
+  int64_t covered = 0;
+  for (const auto& pc : entry.at("pieces")) {
+    const int64_t pb = pc.at("begin").get<int64_t>(), pe = pc.at("end").get<int64_t>();
+    SafetensorsFile& f = reader.file(pc.at("file").get<std::string>());
+    const std::string key = piece_key(kind, name, pb) + (pc.contains("tp") ? "@tp" + std::to_string(pc["tp"][2].get<int64_t>()) : "");
+    if (!f.has(key)) throw UserError(f.path() + ": lacks " + key + " that the index promises");
+    at::Tensor src = f.get(key);
+    piece_split(pc, shape).for_each_run(pb, pe, [&](int64_t g, int64_t l, int64_t len) {
+      full.narrow(0, g, len).copy_(src.narrow(0, l - pb, len));
+      covered += len;
+    });
+  }
+  if (covered != numel)
+    throw UserError(fmt::format("checkpoint: {} of the {} elements of parameter {} are in the checkpoint", covered, numel,
+                                name));
+  return full;
+}
+
+// Copies elements [begin, end) of this rank's slice (split `mine`) of parameter `name` from the
+// checkpoint's pieces into `dst` (end - begin elements). Pieces saved with the same layout are read
+// directly; otherwise the global tensor is assembled and sliced. Throws if they do not cover it.
 void read_range(PieceReader& reader, const json& index, const std::string& kind, const std::string& name, int64_t begin,
-                int64_t end, at::Tensor dst) {
-  const auto& pieces = index["params"].at(name).at("pieces");
+                int64_t end, const TpSplit& mine, at::Tensor dst) {
+  const auto& entry = index["params"].at(name);
+  const auto& pieces = entry.at("pieces");
+  const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+  bool direct = true;
+  for (const auto& pc : pieces) direct = direct && same_layout(piece_split(pc, shape), mine);
+  if (!direct) {
+    at::Tensor full = read_full_param(reader, index, kind, name);
+    mine.for_each_run(begin, end, [&](int64_t g, int64_t l, int64_t len) {
+      dst.narrow(0, l - begin, len).copy_(full.narrow(0, g, len));
+    });
+    return;
+  }
   int64_t covered = 0;
   for (const auto& pc : pieces) {
+    if (mine.split() && piece_split(pc, shape).rank != mine.rank) continue;
     const int64_t pb = pc.at("begin").get<int64_t>(), pe = pc.at("end").get<int64_t>();
     const int64_t lo = std::max(begin, pb), hi = std::min(end, pe);
     if (hi <= lo) continue;
     SafetensorsFile& f = reader.file(pc.at("file").get<std::string>());
-    const std::string key = piece_key(kind, name, pb);
+    const std::string key = piece_key(kind, name, pb) + (mine.split() ? "@tp" + std::to_string(mine.rank) : "");
     if (!f.has(key)) throw UserError(f.path() + ": lacks " + key + " that the index promises");
     at::Tensor src = f.get(key);
     dst.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - pb, hi - lo));
@@ -247,9 +310,9 @@ TrainerState CheckpointManager::load(const std::string& dir) {
     at::NoGradGuard ng;
     for (size_t i = 0; i < slots.size(); ++i) {
       const auto& r = ranges[i];
-      read_range(reader, index, "main", slots[i].name, r.begin, r.end, slots[i].weight);
+      read_range(reader, index, "main", slots[i].name, r.begin, r.end, r.tp, slots[i].weight);
       for (const auto& kind : optimizer_.state_kinds())
-        read_range(reader, index, kind, slots[i].name, r.begin, r.end, optimizer_.slot_state(kind, i, slots));
+        read_range(reader, index, kind, slots[i].name, r.begin, r.end, r.tp, optimizer_.slot_state(kind, i, slots));
     }
     optimizer_.set_steps_taken(index["optimizer"].value("steps", int64_t(0)));
     // Each rank's RNG, when the layout of ranks is the same.
@@ -308,13 +371,20 @@ void CheckpointManager::save(const TrainerState& state) {
     at::NoGradGuard ng;
     auto& slots = engine_.slots();
     const auto& ranges = engine_.slot_ranges();
+    const bool tp_leader = pg_.get(MeshGroup::kTp).rank() == 0;
     for (size_t i = 0; i < slots.size(); ++i) {
       const auto& r = ranges[i];
-      tensors.emplace_back(piece_key("main", slots[i].name, r.begin), slots[i].weight.reshape({-1}).clone());
+      if (r.tp_replica && !tp_leader) continue;  // identical on every TP rank: written once
+      // Keys of TP slices name the TP rank: slices of one parameter from several TP ranks may
+      // share a local offset.
+      const std::string suffix = r.tp.split() ? "@tp" + std::to_string(r.tp.rank) : "";
+      tensors.emplace_back(piece_key("main", slots[i].name, r.begin) + suffix, slots[i].weight.reshape({-1}).clone());
       for (const auto& kind : optimizer_.state_kinds())
-        tensors.emplace_back(piece_key(kind, slots[i].name, r.begin),
+        tensors.emplace_back(piece_key(kind, slots[i].name, r.begin) + suffix,
                              optimizer_.slot_state(kind, i, slots).reshape({-1}).clone());
-      pieces.push_back({slots[i].name, r.begin, r.end});
+      json piece = {slots[i].name, r.begin, r.end};
+      if (r.tp.split()) piece.push_back(split_json(r.tp));
+      pieces.push_back(piece);
     }
   }
   tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
@@ -381,8 +451,11 @@ void CheckpointManager::finalize(Pending& p) {
       for (const auto& frag : fragments) {
         json f = json::parse(frag);
         index["files"][f["file"].get<std::string>()] = {{"checksum", f["checksum"]}, {"bytes", f["bytes"]}};
-        for (const auto& pc : f["pieces"])
-          params[pc[0].get<std::string>()]["pieces"].push_back({{"file", f["file"]}, {"begin", pc[1]}, {"end", pc[2]}});
+        for (const auto& pc : f["pieces"]) {
+          json piece = {{"file", f["file"]}, {"begin", pc[1]}, {"end", pc[2]}};
+          if (pc.size() > 3) piece["tp"] = pc[3];
+          params[pc[0].get<std::string>()]["pieces"].push_back(piece);
+        }
       }
       index["params"] = params;
       write_text_atomically(p.tmp_dir + "/config.yaml", "# resolved config of the run that wrote this checkpoint\n" +
@@ -466,9 +539,7 @@ void export_checkpoint(const std::string& dir, const std::string& out, const std
     auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    at::Tensor flat = at::empty({n}, at::kFloat);
-    read_range(reader, index, "main", it.key(), 0, n, flat);
-    at::Tensor t = flat.view(shape);
+    at::Tensor t = read_full_param(reader, index, "main", it.key()).view(shape);
     unique.emplace_back(it.key(), t);
     weights.emplace_back(it.key(), t);
     for (const auto& alias : it.value()["aliases"]) weights.emplace_back(alias.get<std::string>(), t);

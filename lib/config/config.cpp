@@ -27,6 +27,28 @@ const char* to_string(ZeroDpStrategy s) {
   return "?";
 }
 
+std::string parse_tp_style(const std::string& text, TpStyle& out) {
+  static const char* kinds[] = {"colwise", "rowwise", "colwise_rep", "vocab_parallel", "sequence_parallel", "replicate"};
+  const std::string expected =
+      "a style: colwise, colwise:N or colwise:A+B+C (packed parts), rowwise, colwise_rep, vocab_parallel, "
+      "sequence_parallel or replicate";
+  auto colon = text.find(':');
+  out = TpStyle{text.substr(0, colon), {}};
+  bool known = false;
+  for (const char* k : kinds) known = known || out.kind == k;
+  if (!known) return expected;
+  if (colon == std::string::npos) return "";
+  if (out.kind != "colwise") return expected + " (only colwise takes packed parts)";
+  for (const auto& part : split(text.substr(colon + 1), '+')) {
+    char* end = nullptr;
+    long long v = std::strtoll(part.c_str(), &end, 10);
+    if (part.empty() || *end || v < 1) return expected + " (parts must be positive integers)";
+    out.parts.push_back(v);
+  }
+  if (out.parts.size() == 1 && out.parts[0] == 1) out.parts.clear();
+  return "";
+}
+
 std::string Config::where(const std::string& key) const {
   auto it = locations.find(key);
   if (it != locations.end()) return it->second;
@@ -343,6 +365,24 @@ class Reader {
     std::string hint = closest_match(n.Scalar(), {names, names + 4});
     fail(n, path, expected + ", got " + describe_node(n) + (hint.empty() ? "" : " (did you mean '" + hint + "'?)"));
   }
+  // distributed.tp_plan: {"module.path.glob": style, ...}, in file order.
+  void convert(const YAML::Node& n, const std::string& path, TpPlan& out) {
+    out.clear();
+    if (!n.IsMap()) fail(n, path, "expected a mapping from module-path globs to styles, e.g. {\"blocks.*.attn.c_attn\": \"colwise:3\"}, got " + describe_node(n));
+    std::set<std::string> seen;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const std::string key = it->first.IsScalar() ? it->first.Scalar() : std::string();
+      const std::string p = path + "." + key;
+      if (key.empty()) fail(it->first, path, "expected a module-path glob as key, got " + describe_node(it->first));
+      if (!seen.insert(key).second) fail(it->first, p, "duplicate module pattern '" + key + "'");
+      if (!it->second.IsScalar()) fail(it->second, p, "expected a style, got " + describe_node(it->second));
+      TpStyle style;
+      std::string expected = parse_tp_style(it->second.Scalar(), style);
+      if (!expected.empty()) fail(it->second, p, "expected " + expected + ", got " + describe_node(it->second));
+      locations_[p] = origins_.of(it->second, p);
+      out.emplace_back(key, it->second.Scalar());
+    }
+  }
   // data.train / data.valid: "prefix", [a, b] (equal weights), [{path: a, weight: 0.3}, ...], or
   // Megatron's flat [0.3, a, 0.7, b].
   void convert(const YAML::Node& n, const std::string& path, std::vector<DataSource>& out) {
@@ -448,6 +488,11 @@ class Writer {
     for (double x : v) emit(x);
     e_ << YAML::EndSeq;
   }
+  void emit(const TpPlan& v) {
+    e_ << YAML::BeginMap;
+    for (const auto& [glob, style] : v) e_ << YAML::Key << YAML::DoubleQuoted << glob << YAML::Value << style;
+    e_ << YAML::EndMap;
+  }
   void emit(const std::vector<DataSource>& v) {
     if (v.empty()) {
       e_ << YAML::Null;
@@ -538,6 +583,9 @@ void validate(const Config& c) {
     fail("distributed.dp_replicate_size", "dp_size (" + std::to_string(*d.dp_size) +
                                               ") must be a multiple of dp_replicate_size (" +
                                               std::to_string(d.dp_replicate_size) + ")");
+  if (d.sequence_parallel && d.tp_size == 1)
+    fail("distributed.sequence_parallel", "sequence parallelism splits activations across the tensor-parallel group; "
+                                          "it needs distributed.tp_size > 1 (got 1)");
   if (t.global_batch_size % t.micro_batch_size != 0)
     fail("training.global_batch_size", "must be a multiple of training.micro_batch_size (" +
                                            std::to_string(t.micro_batch_size) + "), got " +

@@ -18,6 +18,23 @@ enum class ZeroDpStrategy : int {
 };
 const char* to_string(ZeroDpStrategy s);
 
+// One style of distributed.tp_plan: the names of Hugging Face tp_plan / PyTorch parallelize_module.
+//   colwise         weight rows (output features) and bias sharded; "colwise:3" or "colwise:512+128+128"
+//                   shards each of the packed parts (fused q/k/v) separately
+//   rowwise         weight columns (input features) sharded; output all-reduced, bias added once
+//   colwise_rep     colwise, output gathered along the last dimension
+//   vocab_parallel  embedding rows sharded; ids outside the shard masked; output all-reduced
+//   sequence_parallel  replicated parameters on sequence-split activations (norms): with
+//                   distributed.sequence_parallel their gradients are summed across the TP group
+//   replicate       nothing sharded (overrides a broader glob)
+struct TpStyle {
+  std::string kind;
+  std::vector<int64_t> parts;  // colwise only: sizes of the packed parts, or {N} equal parts; empty: one
+};
+// Parses a style; returns "" or what was expected.
+std::string parse_tp_style(const std::string& text, TpStyle& out);
+using TpPlan = std::vector<std::pair<std::string, std::string>>;  // module-path glob -> style, in order
+
 // Every MegatronFSDPConfig field of NeMo Automodel (same names and defaults), the mesh sizes,
 // and `strategy`. Sizes: world = dp_replicate x dp_shard x cp x tp, dp = dp_replicate x dp_shard.
 struct DistributedConfig {
@@ -26,6 +43,10 @@ struct DistributedConfig {
   int64_t dp_replicate_size = 1;
   int64_t tp_size = 1;
   int64_t cp_size = 1;
+  // Tensor parallelism: the plan (null: the one stored in the model file by its exporter) and
+  // Megatron's sequence parallelism on top of it.
+  std::optional<TpPlan> tp_plan;
+  bool sequence_parallel = false;
 
   // --- MegatronFSDPConfig (16 fields) ---
   std::optional<std::vector<std::string>> megatron_fsdp_unit_modules;  // null: auto-detect

@@ -54,6 +54,8 @@ void describe(Config& c, V& v) {
     v.field("dp_replicate_size", d.dp_replicate_size, at_least<int64_t>(1));
     v.field("tp_size", d.tp_size, at_least<int64_t>(1));
     v.field("cp_size", d.cp_size, at_least<int64_t>(1));
+    v.field("tp_plan", d.tp_plan);
+    v.field("sequence_parallel", d.sequence_parallel);
     v.field("megatron_fsdp_unit_modules", d.megatron_fsdp_unit_modules);
     v.field("zero_dp_strategy", d.zero_dp_strategy);
     v.field("init_fsdp_with_meta_device", d.init_fsdp_with_meta_device);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "model/tp_split.h"
 #include "optim/optimizer.h"
 
 #include <ATen/core/Tensor.h>
@@ -53,11 +54,14 @@ class ParallelEngine {
   virtual int rebind_parameters() = 0;
   // Sets parameters by name from full (unsharded) tensors; each rank keeps its part.
   virtual void load_full_weights(const std::vector<std::pair<std::string, at::Tensor>>& weights) = 0;
-  // Checkpoints. For each optimizer slot: the parameter's shape and the flat element range
-  // [begin, end) of the parameter that the slot holds.
+  // Checkpoints. For each optimizer slot: the parameter's global shape and the flat element range
+  // [begin, end) of this rank's tensor-parallel slice that the slot holds (the whole parameter
+  // when it is not split), with the split that maps the slice into the global tensor.
   struct SlotRange {
     std::vector<int64_t> shape;
     int64_t begin = 0, end = 0;
+    TpSplit tp;
+    bool tp_replica = false;  // replicated across TP ranks: only TP rank 0 writes it
   };
   virtual const std::vector<SlotRange>& slot_ranges() const = 0;
   // Whether this rank writes its slots: replicas of the same shard (no_shard's data-parallel peers,

@@ -91,6 +91,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         dp_(pg.get(MeshGroup::kDp)),
         shard_(pg.get(MeshGroup::kDpShardCp)),
         replicate_(pg.get(MeshGroup::kDpReplicate)),
+        tp_(pg.get(MeshGroup::kTp)),
         model_cfg_(cfg.model),
         seed_(uint64_t(cfg.training.seed)) {
     const bool bf16 = cfg.model.compute_dtype == "bf16";
@@ -211,20 +212,36 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       b.reduces.clear();
       if (strategy_ >= 1 && replicate_.size() > 1)  // HSDP: shards agree across replicas
         replicate_.all_reduce(b.grad_shard, d_.average_in_collective ? ReduceOp::kAvg : ReduceOp::kSum);
-      if (scale != 1.0) b.grad_shard.mul_(scale);
     }
+    sum_sequence_parallel_grads();
+    if (scale != 1.0)
+      for (auto& b : buckets_) b.grad_shard.mul_(scale);
     if (strategy_ == 3)
       for (auto& b : buckets_)
         if (b.unit >= 0) release(b);  // units whose input needed no grad never ran post_backward
   }
 
+  // Every element counted once: a TP-split parameter's slices differ across the TP group and are
+  // summed over it; a replicated one is identical there and counted on this rank only. Then the
+  // shards of the data-parallel group, each held by exactly one rank of it, are summed.
   double grad_norm() override {
-    double sq = 0;
-    for (auto& b : buckets_) {
-      double n = b.grad_shard.norm().item<double>();
-      sq += n * n;
+    double split_sq = 0, replicated_sq = 0;
+    if (tp_.size() == 1) {
+      for (auto& b : buckets_) {
+        double n = b.grad_shard.norm().item<double>();
+        replicated_sq += n * n;
+      }
+    } else {
+      for (size_t i = 0; i < slots_.size(); ++i) {
+        double n = slots_[i].grad.norm().item<double>();
+        (model_.params()[slot_param_[i]].tp.split() ? split_sq : replicated_sq) += n * n;
+      }
+      at::Tensor t = at::full({1}, split_sq, at::kDouble);
+      tp_.all_reduce(t, ReduceOp::kSum);
+      split_sq = t.item<double>();
     }
-    if (strategy_ >= 1 && shard_.size() > 1) {  // every element lives on exactly one rank of the group
+    double sq = split_sq + replicated_sq;
+    if (strategy_ >= 1 && shard_.size() > 1) {
       at::Tensor t = at::full({1}, sq, at::kDouble);
       shard_.all_reduce(t, ReduceOp::kSum);
       sq = t.item<double>();
@@ -297,9 +314,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         torch::jit::Module owner = submodule_at(model_.module(), dot == std::string::npos ? "" : name.substr(0, dot));
         at::Tensor current = owner.attr(dot == std::string::npos ? name : name.substr(dot + 1)).toTensor();
         if (current.is_same(params[pi].tensor)) continue;
-        if (current.sizes() != params[pi].tensor.sizes())
+        if (current.sizes() != params[pi].tensor.sizes() && current.sizes().vec() != params[pi].global_shape())
           throw UserError(fmt::format("parameter {} was replaced by a tensor of shape [{}], expected [{}]", name,
-                                      fmt::join(current.sizes(), ", "), fmt::join(params[pi].tensor.sizes(), ", ")));
+                                      fmt::join(current.sizes(), ", "), fmt::join(params[pi].global_shape(), ", ")));
         set_param_value(int(pi), current.detach());
         ++replaced;
       }
@@ -424,9 +441,19 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     at::NoGradGuard ng;
     const ParamInfo& info = info_[pi];
     Bucket& b = buckets_[info.bucket];
-    if (value.numel() != info.numel)
-      throw UserError(fmt::format("parameter {}: {} elements given, {} expected", info.name, value.numel(), info.numel));
-    at::Tensor flat = value.reshape({-1}).to(at::kFloat);
+    const auto& p = model_.params()[pi];
+    at::Tensor v = value;
+    if (p.tp.split() && value.numel() == p.global_numel()) {  // a full tensor: take this rank's slice
+      at::Tensor local = at::empty({info.numel}, value.scalar_type());
+      at::Tensor src = value.reshape({-1});
+      p.tp.for_each_run(0, info.numel, [&](int64_t g, int64_t l, int64_t len) {
+        local.narrow(0, l, len).copy_(src.narrow(0, g, len));
+      });
+      v = local;
+    }
+    if (v.numel() != info.numel)
+      throw UserError(fmt::format("parameter {}: {} elements given, {} expected", info.name, value.numel(), p.global_numel()));
+    at::Tensor flat = v.reshape({-1}).to(at::kFloat);
     if (strategy_ <= 2) b.full.narrow(0, info.offset, info.numel).copy_(flat);
     const int64_t lo_shard = strategy_ == 0 ? 0 : r_ * b.shard, hi_shard = strategy_ == 0 ? b.padded : lo_shard + b.shard;
     const int64_t lo = std::max(info.offset, lo_shard), hi = std::min(info.offset + info.numel, hi_shard);
@@ -474,13 +501,20 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     return h;
   }
 
-  // Writes the values of elements [from, to) of parameter pi into out (to - from elements).
+  // Writes the values of elements [from, to) of this rank's (TP slice of) parameter pi into out.
   void init_values(int pi, int64_t from, int64_t to, at::Tensor out) const {
+    model_.params()[pi].tp.for_each_run(from, to, [&](int64_t g, int64_t l, int64_t len) {
+      init_global_values(pi, g, g + len, out.narrow(0, l - from, len));
+    });
+  }
+
+  // Elements [from, to) of the global parameter: the same values whatever the TP or DP layout.
+  void init_global_values(int pi, int64_t from, int64_t to, at::Tensor out) const {
     const InitRule rule = rule_for(pi);
     if (rule.kind == "zeros") return void(out.zero_());
     if (rule.kind == "ones") return void(out.fill_(1));
     constexpr int64_t kChunk = 1 << 16;
-    const int64_t numel = model_.params()[pi].tensor.numel();
+    const int64_t numel = model_.params()[pi].global_numel();
     const uint64_t base = fnv1a(model_.params()[pi].name) ^ (seed_ * 0x9E3779B97F4A7C15ULL);
     for (int64_t c = from / kChunk; c * kChunk < to; ++c) {
       const int64_t c0 = c * kChunk, c1 = std::min(numel, c0 + kChunk);
@@ -567,7 +601,28 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       s.grad = b.grad_shard.narrow(0, lo - lo_shard, hi - lo);
       s.decay = params[pi].tensor.dim() >= 2 || cfg.optimizer.decay_norm_and_bias;
       slots_.push_back(s);
-      ranges_.push_back({params[pi].tensor.sizes().vec(), lo - info.offset, hi - info.offset});
+      slot_param_.push_back(int(pi));
+      ranges_.push_back({params[pi].global_shape(), lo - info.offset, hi - info.offset, params[pi].tp,
+                         tp_.size() > 1 && !params[pi].tp.split()});
+    }
+  }
+
+  // Sequence parallel: parameters replicated over TP that saw only this rank's part of the sequence
+  // (norms, rowwise biases) hold partial gradients; one all-reduce over TP sums all of them.
+  void sum_sequence_parallel_grads() {
+    if (tp_.size() == 1) return;
+    std::vector<at::Tensor> parts;
+    for (size_t i = 0; i < slots_.size(); ++i)
+      if (model_.params()[slot_param_[i]].tp_grad_sum) parts.push_back(slots_[i].grad.reshape({-1}));
+    if (parts.empty()) return;
+    at::Tensor packed = at::cat(parts);
+    FlightRecorder::instance().set_tag("sum sequence-parallel gradients over tp");
+    tp_.all_reduce(packed, ReduceOp::kSum);
+    FlightRecorder::instance().set_tag("");
+    int64_t off = 0;
+    for (auto& part : parts) {
+      part.copy_(packed.narrow(0, off, part.numel()));
+      off += part.numel();
     }
   }
 
@@ -642,7 +697,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   Model& model_;
   const DistributedConfig& d_;
   int strategy_;
-  Communicator &dp_, &shard_, &replicate_;
+  Communicator &dp_, &shard_, &replicate_, &tp_;
+  std::vector<int> slot_param_;  // slot -> parameter index
   const ModelConfig& model_cfg_;
   uint64_t seed_;
   at::ScalarType cd_, md_, gd_;
@@ -676,8 +732,6 @@ torch::autograd::variable_list GradReadyHook::operator()(const torch::autograd::
 
 std::unique_ptr<ParallelEngine> make_engine(Model& model, const Config& cfg, ProcessGroups& pg) {
   const auto& d = cfg.distributed;
-  if (d.tp_size > 1)
-    throw ConfigError(cfg.where("distributed.tp_size") + ": distributed.tp_size > 1: tensor parallelism is not in this build yet");
   if (d.cp_size > 1)
     throw ConfigError(cfg.where("distributed.cp_size") + ": distributed.cp_size > 1: context parallelism is not in this build yet");
   if (d.nccl_ub)

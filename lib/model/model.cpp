@@ -46,7 +46,9 @@ Model Model::load(const std::string& path, bool on_meta) {
   m.path_ = path;
   m.on_meta_ = on_meta;
   try {
-    m.module_ = torch::jit::load(path, on_meta ? c10::Device(c10::kMeta) : c10::Device(at::kCPU));
+    torch::jit::ExtraFilesMap extra{{"mfsdp/tp_plan.json", ""}};
+    m.module_ = torch::jit::load(path, on_meta ? c10::Device(c10::kMeta) : c10::Device(at::kCPU), extra);
+    m.stored_tp_plan_ = extra["mfsdp/tp_plan.json"];
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     throw UserError(path + ": cannot load this TorchScript model (model.path): " + what.substr(0, what.find('\n')));
@@ -90,6 +92,12 @@ Model Model::load(const std::string& path, bool on_meta) {
   for (auto& p : m.params_)
     for (const auto& alias : p.aliases) set_param(m.module_, alias, p.tensor);
   return m;
+}
+
+int64_t ModelParam::global_numel() const {
+  int64_t n = 1;
+  for (int64_t d : global_shape()) n *= d;
+  return n;
 }
 
 at::Tensor Model::forward(const at::Tensor& tokens, const at::Tensor& position_ids) {

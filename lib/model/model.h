@@ -3,10 +3,12 @@
 #pragma once
 #include <torch/script.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
+#include "model/tp_split.h"
 
 namespace mfsdp {
 
@@ -15,6 +17,11 @@ struct ModelParam {
   std::vector<std::string> aliases;  // other names of the same tensor (tied weights)
   at::Tensor tensor;                // the parameter (a leaf that requires grad)
   int unit = -1;                    // index into units, or -1 for parameters outside every unit
+  TpSplit tp;                       // tensor-parallel split (tensor holds this rank's slice)
+  bool tp_grad_sum = false;         // replicated over TP but fed sequence-split activations:
+                                    // its gradient is summed across the TP group
+  std::vector<int64_t> global_shape() const { return tp.split() ? tp.global_shape : tensor.sizes().vec(); }
+  int64_t global_numel() const;
 };
 
 struct ModelUnit {
@@ -33,10 +40,14 @@ class Model {
   bool loaded_on_meta() const { return on_meta_; }
 
   torch::jit::Module& module() { return module_; }
+  const torch::jit::Module& module() const { return module_; }
   const std::vector<ModelParam>& params() const { return params_; }
   std::vector<ModelParam>& params() { return params_; }
   const std::vector<ModelUnit>& units() const { return units_; }
   const std::string& path() const { return path_; }
+  // The tensor-parallel plan the exporter stored in the file (extra file "mfsdp/tp_plan.json", a
+  // JSON object glob -> style), or "" when it has none.
+  const std::string& stored_tp_plan() const { return stored_tp_plan_; }
 
   // Chooses the FSDP units: `patterns` (class names, qualified class names or module-path globs,
   // outermost match wins) or, when null, the largest set of repeated sibling modules. Throws a
@@ -61,6 +72,7 @@ class Model {
   std::vector<ModelParam> params_;
   std::vector<ModelUnit> units_;
   bool on_meta_ = false;
+  std::string stored_tp_plan_;
 };
 
 // "__torch__.___torch_mangle_3.Block" -> "Block"; "__torch__.model.Block" -> "model.Block" kept

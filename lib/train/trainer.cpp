@@ -33,6 +33,8 @@
 #include "mesh/process_groups.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/tp_ops.h"
 #include "train/metrics.h"
 #include "train/system.h"
 #include "util/error.h"
@@ -189,6 +191,8 @@ class Trainer {
     log(fmt::format("model {}: {} parameters ({} outside embeddings), {}; compute {}", cfg_.model.path, n_params_, n_dense,
                     units, cfg_.model.compute_dtype));
 
+    tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
+    if (!tp_->describe().empty()) log(tp_->describe());
     engine_ = make_engine(*model_, cfg_, *pg_);  // rewrites the unit graphs: before any forward
     log(engine_->describe());
     vocab_ = probe_vocabulary();
@@ -300,7 +304,7 @@ class Trainer {
       throw UserError(fmt::format("{}: forward returned a tensor of shape [{}] and dtype {}; the model contract is "
                                   "floating-point logits [B, T, V]",
                                   cfg_.model.path, fmt::join(logits.sizes(), ", "), c10::toString(logits.scalar_type())));
-    return logits.size(2);
+    return logits.size(2) * (tp_->logits_sharded() ? shape_.tp : 1);
   }
 
   // Cross entropy of one micro-batch: returns (sum of masked token losses, masked tokens) and,
@@ -316,11 +320,19 @@ class Trainer {
     at::Tensor logits = model_->forward(b.tokens, b.position_ids);
     if (logits.dim() != 3 || logits.size(0) != b.tokens.size(0) || logits.size(1) != b.tokens.size(1))
       throw UserError(fmt::format("{}: forward returned logits of shape {}, expected [batch {}, seq {}, vocab] "
-                                  "(model contract)",
-                                  cfg_.model.path, fmt::join(logits.sizes(), "x"), b.tokens.size(0), b.tokens.size(1)));
+                                  "(model contract){}",
+                                  cfg_.model.path, fmt::join(logits.sizes(), "x"), b.tokens.size(0), b.tokens.size(1),
+                                  tp_->sequence_parallel() && logits.dim() == 3 && logits.size(1) * shape_.tp == b.tokens.size(1)
+                                      ? "; with sequence parallel the logits came back split along the sequence: give "
+                                        "the output head the style colwise or colwise_rep in tp_plan, which gathers it"
+                                      : ""));
     const int64_t V = logits.size(2);
-    at::Tensor ce = at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, V}), b.targets.reshape({-1}), {},
-                                           at::Reduction::None);
+    // A colwise output head leaves the logits sharded over the vocabulary: the loss is computed on
+    // the shards (max and sum-exp reduced across TP), never on a full [tokens, vocab] tensor.
+    at::Tensor ce = tp_->logits_sharded()
+                        ? vocab_parallel_cross_entropy(logits.reshape({-1, V}), b.targets.reshape({-1}), tp_->vocab_start(V))
+                        : at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, V}), b.targets.reshape({-1}), {},
+                                                 at::Reduction::None);
     at::Tensor mask = b.loss_mask.reshape({-1});
     at::Tensor masked_sum = (ce * mask).sum();
     LossSums out{masked_sum.item<double>(), mask.sum().item<double>()};
@@ -427,6 +439,7 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<ProcessGroups> pg_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<ParallelEngine> engine_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataPipeline> data_;

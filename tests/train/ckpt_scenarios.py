@@ -3,7 +3,7 @@
 
     ckpt_scenarios.py SCENARIO --bin MFSDP --fx FIXTURE_DIR --mpirun "mpirun --oversubscribe ..."
 
-Scenarios: exact, reshard, kill, corrupt, diskfull, export, preempt, async.
+Scenarios: exact, reshard, tp, kill, corrupt, diskfull, export, preempt, async.
 """
 import json
 import os
@@ -176,9 +176,14 @@ def scenario_diskfull():
 
 def scenario_export():
     rd, ck = reference("export", 2, 3, steps=10)
-    st, ts = f"{A.work}/export.safetensors", f"{A.work}/export.pt"
+    check_export(f"{ck}/step_00000010", "export")
+
+
+def check_export(step_dir, name):
+    """Exports a checkpoint both ways and checks the safetensors in PyTorch against the TorchScript."""
+    st, ts = f"{A.work}/{name}.safetensors", f"{A.work}/{name}.pt"
     for fmt, out in (("safetensors", st), ("torchscript", ts)):
-        p = subprocess.run([A.bin, "export", "--checkpoint", f"{ck}/step_00000010", "--out", out, "--format", fmt],
+        p = subprocess.run([A.bin, "export", "--checkpoint", step_dir, "--out", out, "--format", fmt],
                            capture_output=True, text=True)
         if p.returncode != 0:
             print(p.stdout + p.stderr)
@@ -217,6 +222,25 @@ sys.exit(0 if err < 1e-5 and moved > 1e-3 else 1)
     print(p.stdout + p.stderr[-2000:])
     if p.returncode != 0:
         fail("exported weights do not reproduce the model's logits in PyTorch")
+
+
+def scenario_tp():
+    # Tensor parallel x FSDP checkpoints: exact resume in the same layout, resharding to one rank
+    # without TP and back to TP with sequence parallel, export of a TP checkpoint.
+    tp = ("distributed.tp_size=2",)
+    rd, ck = reference("tp_a", 4, 3, extra=tp)
+    r2 = fresh(f"{A.work}/tp_a_resumed")
+    run(4, r2, "distributed.zero_dp_strategy=3", *tp, f"checkpoint.resume={ck}/step_00000010")
+    same(rd, r2, after=10, rtol=0.0, what="tp 2 x dp_shard 2, strategy 3: resume at step 10 (bit-exact)")
+    b, bck = fresh(f"{A.work}/tp_b"), fresh(f"{A.work}/tp_b.ckpt")
+    run(1, b, "distributed.zero_dp_strategy=0", f"checkpoint.resume={ck}/step_00000005", f"checkpoint.dir={bck}",
+        "checkpoint.save_every=5")
+    same(rd, b, after=5, rtol=1e-5, what="tp 2 x dp_shard 2 -> 1 rank without TP, no_shard")
+    c = fresh(f"{A.work}/tp_c")
+    run(2, c, "distributed.zero_dp_strategy=1", *tp, "distributed.sequence_parallel=true",
+        f"checkpoint.resume={bck}/step_00000010")
+    same(rd, c, after=10, rtol=1e-5, what="-> tp 2 with sequence parallel, strategy 1")
+    check_export(f"{ck}/step_00000020", "tp_export")
 
 
 def scenario_preempt():

@@ -1,0 +1,511 @@
+#include "parallel/tensor_parallel.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "mesh/process_groups.h"
+#include "model/graph_rewrite.h"
+#include "model/model.h"
+#include "parallel/tp_ops.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace mfsdp {
+namespace {
+
+using torch::jit::Node;
+using torch::jit::Value;
+
+constexpr const char* kSpFirstAttr = "_mfsdp_sp_first";
+
+struct ResolvedPlan {
+  TpPlan entries;
+  std::string source;                     // for messages
+  std::vector<std::string> entry_where;   // "file:line:col" of each entry
+};
+
+ResolvedPlan resolve_plan(const Model& model, const Config& cfg) {
+  ResolvedPlan r;
+  if (cfg.distributed.tp_plan) {
+    r.entries = *cfg.distributed.tp_plan;
+    r.source = "distributed.tp_plan (" + cfg.where("distributed.tp_plan") + ")";
+    for (const auto& e : r.entries) r.entry_where.push_back(cfg.where("distributed.tp_plan." + e.first));
+    return r;
+  }
+  if (model.stored_tp_plan().empty()) return r;
+  const std::string where = model.path() + " (its stored plan, mfsdp/tp_plan.json)";
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(model.stored_tp_plan());
+  } catch (const std::exception& e) {
+    throw UserError(where + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw UserError(where + ": expected a JSON object {\"module.glob\": \"style\"}");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    TpStyle st;
+    const std::string text = it.value().is_string() ? it.value().get<std::string>() : it.value().dump();
+    const std::string expected = parse_tp_style(text, st);
+    if (!expected.empty()) throw UserError(where + ": entry '" + it.key() + "': expected " + expected + ", got '" + text + "'");
+    r.entries.emplace_back(it.key(), text);
+    r.entry_where.push_back(where);
+  }
+  r.source = where;
+  return r;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return "[" + fmt::format("{}", fmt::join(s, ", ")) + "]"; }
+
+bool style_splits_weight(const std::string& k) {
+  return k == "colwise" || k == "colwise_rep" || k == "rowwise" || k == "vocab_parallel";
+}
+
+}  // namespace
+
+TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t tp) {
+  const ResolvedPlan plan = resolve_plan(model, cfg);
+  const bool sp = cfg.distributed.sequence_parallel;
+  TpAssignment a;
+  a.plan_source = plan.source;
+  const size_t n = model.params().size();
+  a.param_styles.assign(n, "");
+  a.split_dim.assign(n, -1);
+  a.parts.assign(n, {});
+  a.grad_sum.assign(n, false);
+  if (plan.entries.empty()) {
+    if (tp > 1)
+      throw ConfigError(cfg.where("distributed.tp_size") + ": distributed.tp_size is " + std::to_string(tp) +
+                        " but there is no tensor-parallel plan: " + model.path() +
+                        " stores none and the config gives no distributed.tp_plan. Give one, e.g.\n"
+                        "  tp_plan: {\"blocks.*.attn.c_attn\": \"colwise:3\", \"blocks.*.attn.c_proj\": rowwise, ...}\n"
+                        "The model's modules:\n" + model.module_tree());
+    return a;
+  }
+  // Parameter index by every name (aliases included).
+  std::map<std::string, int> by_name;
+  for (size_t i = 0; i < n; ++i) {
+    by_name[model.params()[i].name] = int(i);
+    for (const auto& al : model.params()[i].aliases) by_name[al] = int(i);
+  }
+  std::vector<int> used(plan.entries.size(), 0);
+  std::vector<std::string> owner(n);  // the module that decided a parameter's split
+  auto fail = [&](size_t e, const std::string& msg) -> void {
+    throw ConfigError(plan.entry_where[e] + ": distributed.tp_plan entry '" + plan.entries[e].first + ": " +
+                      plan.entries[e].second + "': " + msg);
+  };
+  for (const auto& nm : model.module().named_modules()) {
+    if (nm.name.empty()) continue;
+    size_t e = 0;
+    while (e < plan.entries.size() && !glob_match(plan.entries[e].first, nm.name)) ++e;
+    if (e == plan.entries.size()) continue;
+    ++used[e];
+    TpStyle style;
+    parse_tp_style(plan.entries[e].second, style);
+    a.module_styles.emplace_back(nm.name, style);
+    auto direct = nm.value.named_parameters(/*recurse=*/false);
+    auto param_of = [&](const std::string& local) -> int {
+      for (const auto& p : direct)
+        if (p.name == local) return by_name.at(nm.name + "." + local);
+      return -1;
+    };
+    auto assign = [&](int pi, int dim, std::vector<int64_t> parts) {
+      const auto& p = model.params()[size_t(pi)];
+      const auto shape = p.tensor.sizes().vec();
+      if (dim >= 0) {
+        const int64_t D = shape[size_t(dim)];
+        if (parts.empty()) parts = {D};
+        else if (parts.size() == 1) {  // N equal parts
+          if (D % parts[0] != 0)
+            fail(e, fmt::format("parameter {} has shape {}: dimension {} ({}) does not split into {} equal parts",
+                                p.name, shape_str(shape), dim, D, parts[0]));
+          parts = std::vector<int64_t>(size_t(parts[0]), D / parts[0]);
+        } else {
+          int64_t sum = 0;
+          for (int64_t x : parts) sum += x;
+          if (sum != D)
+            fail(e, fmt::format("parameter {} has shape {}: the parts {} add up to {}, not dimension {} ({})", p.name,
+                                shape_str(shape), shape_str(parts), sum, dim, D));
+        }
+        for (int64_t x : parts)
+          if (x % tp != 0)
+            fail(e, fmt::format("parameter {} has shape {}: {} cuts dimension {} into {}, and {} is not divisible by "
+                                "tp_size {}",
+                                p.name, shape_str(shape), plan.entries[e].second, dim,
+                                parts.size() > 1 ? "parts of " + shape_str(parts) : std::to_string(D), x, tp));
+      }
+      if (!owner[size_t(pi)].empty() && (a.split_dim[size_t(pi)] != dim || a.parts[size_t(pi)] != parts))
+        fail(e, fmt::format("parameter {} (tied) is also split by module {} ({}), differently", p.name,
+                            owner[size_t(pi)], a.param_styles[size_t(pi)]));
+      owner[size_t(pi)] = nm.name;
+      a.param_styles[size_t(pi)] = plan.entries[e].second;
+      a.split_dim[size_t(pi)] = dim;
+      a.parts[size_t(pi)] = parts;
+    };
+    const std::string& k = style.kind;
+    if (style_splits_weight(k)) {
+      const int w = param_of("weight");
+      if (w < 0 || model.params()[size_t(w)].tensor.dim() != 2)
+        fail(e, fmt::format("module {} (class {}) has no 2-D parameter 'weight'; {} applies to Linear{} modules", nm.name,
+                            unqualified_class_name(nm.value), k, k == "vocab_parallel" ? " and Embedding" : ""));
+      if (k == "rowwise") {
+        assign(w, 1, {});
+        const int b = param_of("bias");
+        if (b >= 0 && sp) a.grad_sum[size_t(b)] = true;  // added after the reduce-scatter: partial sums
+        if (b >= 0 && a.param_styles[size_t(b)].empty()) a.param_styles[size_t(b)] = "rowwise (bias)";
+      } else if (k == "vocab_parallel") {
+        assign(w, 0, {});
+      } else {
+        assign(w, 0, style.parts);
+        const int b = param_of("bias");
+        if (b >= 0) assign(b, 0, style.parts);
+      }
+    } else if (k == "sequence_parallel") {
+      for (const auto& p : nm.value.named_parameters(/*recurse=*/true)) {
+        const int pi = by_name.at(nm.name + "." + p.name);
+        if (a.split_dim[size_t(pi)] >= 0) continue;
+        a.grad_sum[size_t(pi)] = sp;
+        if (a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = "sequence_parallel";
+      }
+    }
+  }
+  for (size_t e = 0; e < plan.entries.size(); ++e)
+    if (!used[e]) fail(e, "matches no module of " + model.path() + " (patterns are globs over full module paths). The "
+                          "model's modules:\n" + model.module_tree());
+  if (sp) {
+    // Inside units, a replicated parameter sees this rank's part of the sequence only; its gradient
+    // is right only when summed across TP. Ask for it explicitly rather than guess.
+    std::vector<std::string> unmarked;
+    for (size_t i = 0; i < n; ++i)
+      if (model.params()[i].unit >= 0 && a.split_dim[i] < 0 && !a.grad_sum[i]) unmarked.push_back(model.params()[i].name);
+    if (!unmarked.empty())
+      throw ConfigError(cfg.where("distributed.sequence_parallel") +
+                        ": distributed.sequence_parallel: these parameters are replicated across tensor-parallel ranks "
+                        "inside units, where activations are split along the sequence, and no plan entry says how: " +
+                        join(unmarked, ", ") + ". Mark their modules (norms) sequence_parallel in the plan (" +
+                        plan.source + ")");
+  }
+  return a;
+}
+
+std::string describe_tp_assignment(const Model& model, const TpAssignment& a, int64_t tp) {
+  std::string out = fmt::format("tensor parallel: tp_size {}, plan from {}\n", tp, a.plan_source.empty() ? "(none)" : a.plan_source);
+  out += fmt::format("  {:<44} {:<14} {:<26} {}\n", "parameter", "global shape", "style", "split -> shape per TP rank");
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    const auto& p = model.params()[i];
+    std::vector<int64_t> local = p.tensor.sizes().vec();
+    std::string split = "replicated";
+    if (a.split_dim[i] >= 0 && tp > 1) {
+      local[size_t(a.split_dim[i])] /= tp;
+      split = fmt::format("dim {}{} -> {}", a.split_dim[i], a.parts[i].size() > 1 ? fmt::format(" ({} parts)", a.parts[i].size()) : "",
+                          shape_str(local));
+    }
+    if (a.grad_sum[i]) split += ", grad summed over tp";
+    out += fmt::format("  {:<44} {:<14} {:<26} {}\n", p.name, shape_str(p.tensor.sizes().vec()),
+                       a.param_styles[i].empty() ? "-" : a.param_styles[i], split);
+  }
+  return out;
+}
+
+namespace {
+
+// The module path of `v` relative to the graph's `self`, when v is a chain of GetAttr from it.
+std::optional<std::string> attr_chain(Value* v, Value* self) {
+  std::vector<std::string> parts;
+  while (v != self) {
+    Node* node = v->node();
+    if (node->kind() != c10::prim::GetAttr) return std::nullopt;
+    parts.push_back(node->s(c10::attr::name));
+    v = node->input(0);
+  }
+  std::reverse(parts.begin(), parts.end());
+  return join(parts, ".");
+}
+
+std::string child_path(const std::string& parent, const std::string& rel) {
+  return parent.empty() ? rel : rel.empty() ? parent : parent + "." + rel;
+}
+
+Value* insert_op(torch::jit::Graph& g, const char* op, std::vector<torch::jit::NamedValue> args, const c10::TypePtr& type) {
+  Value* out = g.insert(c10::Symbol::fromQualString(op), args);
+  out->setType(type);
+  return out;
+}
+
+bool is_tensor(const Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
+
+class TensorParallelImpl final : public TensorParallel {
+ public:
+  TensorParallelImpl(Model& model, const Config& cfg, ProcessGroups& pg)
+      : model_(model), cfg_(cfg), tp_(pg.get(MeshGroup::kTp)) {
+    size_ = tp_.size();
+    rank_ = tp_.rank();
+    sp_ = cfg.distributed.sequence_parallel;
+    const bool have_plan = cfg.distributed.tp_plan || !model.stored_tp_plan().empty();
+    if (size_ == 1 && !have_plan) return;
+    a_ = plan_tensor_parallel(model, cfg, size_);
+    if (size_ == 1) return;  // the plan is valid; nothing to split
+    if (sp_) {
+      const int64_t local_seq = cfg.training.seq_length / cfg.distributed.cp_size;
+      if (local_seq % size_ != 0)
+        throw ConfigError(cfg.where("training.seq_length") + fmt::format(
+                              ": training.seq_length: sequence parallel splits each rank's {} tokens (seq_length / "
+                              "cp_size) over tp_size {}; they must divide evenly",
+                              local_seq, size_));
+      if (model.units().empty())
+        throw ConfigError(cfg.where("distributed.sequence_parallel") +
+                          ": distributed.sequence_parallel: the sequence is split at the input of the first FSDP unit, "
+                          "and this model has none (set distributed.megatron_fsdp_unit_modules)");
+    }
+    split_parameters();
+    rewrite_graphs();
+    set_tp_context(&tp_, sp_);
+  }
+  ~TensorParallelImpl() override {
+    if (size_ > 1) set_tp_context(nullptr, false);
+  }
+
+  bool logits_sharded() const override { return logits_sharded_; }
+  int64_t vocab_start(int64_t local_vocab) const override { return rank_ * local_vocab; }
+  bool sequence_parallel() const override { return sp_ && size_ > 1; }
+
+  std::string describe() const override {
+    if (size_ == 1)
+      return a_.plan_source.empty() ? "" : "tensor parallel: tp_size 1 (plan from " + a_.plan_source + " checked, unused)";
+    int64_t sharded = 0, global = 0, local = 0, summed = 0;
+    for (const auto& p : model_.params()) {
+      global += p.global_numel();
+      local += p.tensor.numel();
+      if (p.tp.split()) ++sharded;
+      if (p.tp_grad_sum) ++summed;
+    }
+    return fmt::format("tensor parallel: tp_size {} (plan from {}): {} call sites rewritten, {} parameters split, this TP "
+                       "rank holds {} of {} elements ({:.3f}){}; logits {}",
+                       size_, a_.plan_source, rewritten_, sharded, local, global, double(local) / double(global),
+                       sp_ ? fmt::format("; sequence parallel, {} replicated parameters' gradients summed over tp", summed) : "",
+                       logits_sharded_ ? "sharded over the vocabulary (vocab-parallel cross entropy)" : "full");
+  }
+
+ private:
+  void set_param(const std::string& dotted, const at::Tensor& t) {
+    auto dot = dotted.rfind('.');
+    torch::jit::Module owner = submodule_at(model_.module(), dot == std::string::npos ? "" : dotted.substr(0, dot));
+    owner.register_parameter(dot == std::string::npos ? dotted : dotted.substr(dot + 1), t, false);
+  }
+
+  void split_parameters() {
+    at::NoGradGuard ng;
+    auto& params = model_.params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto& p = params[i];
+      p.tp_grad_sum = a_.grad_sum[i];
+      if (a_.split_dim[i] < 0) continue;
+      p.tp.dim = a_.split_dim[i];
+      p.tp.parts = a_.parts[i];
+      p.tp.size = size_;
+      p.tp.rank = rank_;
+      p.tp.global_shape = p.tensor.sizes().vec();
+      at::Tensor local;
+      if (model_.loaded_on_meta()) {  // placeholders: only the shape matters
+        std::vector<int64_t> shape = p.tp.global_shape;
+        shape[size_t(p.tp.dim)] /= size_;
+        local = at::empty(shape, p.tensor.options().requires_grad(false));
+      } else {
+        std::vector<at::Tensor> pieces;
+        int64_t start = 0;
+        for (int64_t part : p.tp.parts) {
+          pieces.push_back(p.tensor.detach().narrow(p.tp.dim, start + rank_ * (part / size_), part / size_));
+          start += part;
+        }
+        local = at::cat(pieces, p.tp.dim).contiguous();
+      }
+      p.tensor = local.set_requires_grad(true);
+      set_param(p.name, p.tensor);
+      for (const auto& al : p.aliases) set_param(al, p.tensor);
+    }
+  }
+
+  const TpStyle* style_of(const std::string& path) const {
+    for (const auto& [p, s] : a_.module_styles)
+      if (p == path) return &s;
+    return nullptr;
+  }
+
+  void rewrite_graphs() {
+    // Instances by TorchScript type: scripted modules of one class share one graph.
+    std::map<const c10::ClassType*, std::vector<std::string>> instances;
+    std::map<const c10::ClassType*, torch::jit::Module> any_instance;
+    for (const auto& nm : model_.module().named_modules()) {
+      instances[nm.value.type().get()].push_back(nm.name);
+      any_instance.emplace(nm.value.type().get(), nm.value);
+    }
+    for (auto& [type, paths] : instances) {
+      torch::jit::Module m = any_instance.at(type);
+      if (!m.find_method("forward")) continue;
+      auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
+      rewrite_block(fn.graph()->block(), fn.graph()->inputs()[0], paths);
+    }
+    for (const auto& [path, style] : a_.module_styles)
+      if (style_splits_weight(style.kind) && !called_.count(path))
+        throw ConfigError(a_.plan_source + ": tp_plan gives module " + path + " the style " + style.kind +
+                          ", but no graph of the model calls its forward (a weight used as self." + path +
+                          ".weight directly cannot get its collectives); call the module, or leave it out of the plan");
+    if (sp_) insert_sequence_scatter();
+    detect_sharded_logits();
+  }
+
+  void rewrite_block(torch::jit::Block* block, Value* self, const std::vector<std::string>& owners) {
+    for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+      Node* node = *it;
+      ++it;
+      for (auto* sub : node->blocks()) rewrite_block(sub, self, owners);
+      if (node->kind() != c10::prim::CallMethod || node->s(c10::attr::name) != "forward") continue;
+      auto rel = attr_chain(node->input(0), self);
+      if (!rel) continue;
+      const TpStyle* style = nullptr;
+      std::string first_target;
+      for (const auto& owner : owners) {
+        const std::string target = child_path(owner, *rel);
+        const TpStyle* s = style_of(target);
+        if (first_target.empty()) {
+          first_target = target;
+          style = s;
+        } else if ((s == nullptr) != (style == nullptr) || (s && s->kind != style->kind)) {
+          throw ConfigError(a_.plan_source + ": modules " + first_target + " and " + target +
+                            " are called from one shared TorchScript graph, so they must have the same tp_plan style (" +
+                            (style ? style->kind : std::string("none")) + " vs " + (s ? s->kind : std::string("none")) + ")");
+        }
+        if (s) called_.insert(target);
+      }
+      if (!style || !style_splits_weight(style->kind)) continue;
+      if (node->inputs().size() < 2 || !is_tensor(node->input(1)))
+        throw UserError(first_target + ": a " + style->kind + " module must take a Tensor as its first argument");
+      rewrite_call(node, *style, first_target);
+      ++rewritten_;
+    }
+  }
+
+  void rewrite_call(Node* node, const TpStyle& style, const std::string& path) {
+    torch::jit::Graph& g = *node->owningGraph();
+    Value* x = node->input(1);
+    const std::string& k = style.kind;
+    if (k == "colwise" || k == "colwise_rep") {
+      // Colwise calls on the same input (q, k and v projections; gate and up) share one tp_copy:
+      // one all-gather forward (sequence parallel) and one reduction of the summed input
+      // gradient backward, as a fused projection would have.
+      auto key = std::make_pair(node->owningBlock(), x);
+      auto it = copies_.find(key);
+      if (it == copies_.end()) {
+        torch::jit::WithInsertPoint guard(node);
+        it = copies_.emplace(key, insert_op(g, "mfsdp::tp_copy", {x}, x->type())).first;
+      }
+      node->replaceInput(1, it->second);
+      if (k == "colwise_rep") {
+        torch::jit::WithInsertPoint guard(node->next());
+        Value* y = node->output();
+        Value* full = insert_op(g, "mfsdp::tp_gather_last", {y}, y->type());
+        y->replaceAllUsesAfterNodeWith(full->node(), full);
+      }
+    } else if (k == "vocab_parallel") {
+      const int64_t rows = submodule_at(model_.module(), path).attr("weight").toTensor().size(0);  // local rows
+      const int64_t start = rank_ * rows, end = start + rows;
+      {
+        torch::jit::WithInsertPoint guard(node);
+        node->replaceInput(1, insert_op(g, "mfsdp::tp_vocab_ids", {x, start, end}, x->type()));
+      }
+      torch::jit::WithInsertPoint guard(node->next());
+      Value* y = node->output();
+      Value* reduced = insert_op(g, "mfsdp::tp_vocab_reduce", {y, x, start, end}, y->type());
+      y->replaceAllUsesAfterNodeWith(reduced->node(), reduced);
+    } else if (k == "rowwise") {
+      // The module must be a plain linear layer: we replace its call by linear(x, W) -> reduce -> + b.
+      torch::jit::Module mod = submodule_at(model_.module(), path);
+      auto& fn = torch::jit::toGraphFunction(mod.get_method("forward").function());
+      bool linear = false, other = false;
+      for (Node* n : fn.graph()->nodes()) {
+        if (n->kind() == c10::aten::linear) linear = true;
+        else if (n->kind() != c10::prim::GetAttr && n->kind() != c10::prim::Constant) other = true;
+      }
+      if (!linear || other || node->inputs().size() != 2)
+        throw ConfigError(a_.plan_source + ": rowwise applies to Linear modules (forward(x) = linear(x, weight, bias)); " +
+                          path + " (class " + unqualified_class_name(mod) + ") computes something else");
+      torch::jit::WithInsertPoint guard(node);
+      Value* w = g.insertGetAttr(node->input(0), "weight");
+      Value* z = insert_op(g, "aten::linear", {x, w}, node->output()->type());
+      Value* y = insert_op(g, "mfsdp::tp_reduce", {z}, z->type());
+      const bool has_bias = mod.hasattr("bias") && mod.attr("bias").isTensor();
+      if (has_bias) {
+        Value* b = g.insertGetAttr(node->input(0), "bias");
+        y = insert_op(g, "aten::add", {y, b}, y->type());
+      }
+      node->output()->replaceAllUsesWith(y);
+      node->destroy();
+    }
+  }
+
+  // Sequence parallel: the first unit splits its hidden-state input (its first Tensor argument)
+  // along the sequence; every later unit receives it split already.
+  void insert_sequence_scatter() {
+    const std::string& path = model_.units().front().path;
+    torch::jit::Module first = submodule_at(model_.module(), path);
+    first.register_attribute(kSpFirstAttr, c10::IntType::get(), int64_t(1));
+    for (const auto& nm : model_.module().named_modules())
+      if (nm.value.type() == first.type() && nm.name != path) {
+        torch::jit::Module other = nm.value;
+        other.setattr(kSpFirstAttr, int64_t(0));
+      }
+    auto& fn = torch::jit::toGraphFunction(first.get_method("forward").function());
+    auto g = fn.graph();
+    Value* x = nullptr;
+    for (size_t i = 1; i < g->inputs().size() && !x; ++i)
+      if (is_tensor(g->inputs()[i])) x = g->inputs()[i];
+    if (!x) throw UserError("sequence parallel: unit " + path + " takes no Tensor argument to split");
+    torch::jit::WithInsertPoint guard(g->block()->nodes().front());
+    Value* flag = g->insertGetAttr(g->inputs()[0], kSpFirstAttr);
+    Value* split = insert_op(*g, "mfsdp::sp_scatter", {flag, x}, x->type());
+    x->replaceAllUsesAfterNodeWith(split->node(), split);
+  }
+
+  // Logits are sharded when the model's return value comes from a colwise module's call (through
+  // at most a few single-input casts such as .float()).
+  void detect_sharded_logits() {
+    auto& fn = torch::jit::toGraphFunction(model_.module().get_method("forward").function());
+    auto g = fn.graph();
+    Value* v = g->return_node()->input(0);
+    for (int hop = 0; hop < 8; ++hop) {
+      Node* node = v->node();
+      if (node->kind() == c10::prim::CallMethod) {
+        auto rel = attr_chain(node->input(0), g->inputs()[0]);
+        const TpStyle* s = rel ? style_of(*rel) : nullptr;
+        logits_sharded_ = s && s->kind == "colwise";
+        return;
+      }
+      if (node->inputs().empty() || node->kind().is_prim() || !is_tensor(node->input(0))) return;
+      if (std::string(node->kind().toQualString()).rfind("mfsdp::", 0) == 0) return;  // gathered
+      v = node->input(0);
+    }
+  }
+
+  Model& model_;
+  const Config& cfg_;
+  Communicator& tp_;
+  int64_t size_ = 1, rank_ = 0;
+  bool sp_ = false, logits_sharded_ = false;
+  TpAssignment a_;
+  std::set<std::string> called_;
+  std::map<std::pair<torch::jit::Block*, Value*>, Value*> copies_;  // shared tp_copy per input
+  int rewritten_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorParallel> apply_tensor_parallel(Model& model, const Config& cfg, ProcessGroups& pg) {
+  return std::make_unique<TensorParallelImpl>(model, cfg, pg);
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,218 @@
+#include "parallel/tp_ops.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <atomic>
+
+#include "comm/communicator.h"
+#include "comm/flight_recorder.h"
+
+namespace mfsdp {
+namespace {
+
+std::atomic<Communicator*> g_tp{nullptr};
+std::atomic<bool> g_sp{false};
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+int64_t wrap_dim(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
+
+// Tags a collective for the flight recorder (what the job was doing if it hangs).
+struct Tag {
+  explicit Tag(const char* what) { FlightRecorder::instance().set_tag(what); }
+  ~Tag() { FlightRecorder::instance().set_tag(""); }
+};
+
+at::Tensor all_reduced(const at::Tensor& x) {
+  at::Tensor y = x.contiguous().clone();
+  Tag t("tensor-parallel all-reduce");
+  g_tp.load()->all_reduce(y, ReduceOp::kSum);
+  return y;
+}
+
+at::Tensor own_chunk(const at::Tensor& x, int64_t dim) {
+  Communicator& c = *g_tp.load();
+  dim = wrap_dim(dim, x.dim());
+  const int64_t n = x.size(dim) / c.size();
+  return x.narrow(dim, c.rank() * n, n).contiguous();
+}
+
+// ------------------------------------------------------------------------------- autograd pairs
+struct CopyToTp : public torch::autograd::Function<CopyToTp> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) {
+    return g_sp.load() ? all_gather_dim(*g_tp.load(), x, 1) : x;
+  }
+  static variable_list backward(AutogradContext*, variable_list g) {
+    return {g_sp.load() ? reduce_scatter_dim(*g_tp.load(), g[0], 1) : all_reduced(g[0])};
+  }
+};
+
+struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) {
+    return g_sp.load() ? reduce_scatter_dim(*g_tp.load(), x, 1) : all_reduced(x);
+  }
+  static variable_list backward(AutogradContext*, variable_list g) {
+    return {g_sp.load() ? all_gather_dim(*g_tp.load(), g[0], 1) : g[0]};
+  }
+};
+
+struct GatherLast : public torch::autograd::Function<GatherLast> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return all_gather_dim(*g_tp.load(), x, -1); }
+  static variable_list backward(AutogradContext*, variable_list g) { return {own_chunk(g[0], -1)}; }
+};
+
+struct ScatterSeq : public torch::autograd::Function<ScatterSeq> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return own_chunk(x, 1); }
+  static variable_list backward(AutogradContext*, variable_list g) { return {all_gather_dim(*g_tp.load(), g[0], 1)}; }
+};
+
+at::Tensor out_of_shard(const at::Tensor& ids, int64_t start, int64_t end) { return (ids < start).logical_or(ids >= end); }
+
+struct VocabReduce : public torch::autograd::Function<VocabReduce> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& y, const at::Tensor& ids, int64_t start, int64_t end) {
+    at::Tensor mask = out_of_shard(ids, start, end).unsqueeze(-1);
+    ctx->saved_data["mask"] = mask;
+    return all_reduced(y.masked_fill(mask, 0));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    return {g[0].masked_fill(ctx->saved_data["mask"].toTensor(), 0), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+bool active() { return g_tp.load() != nullptr && g_tp.load()->size() > 1; }
+
+at::Tensor tp_copy(const at::Tensor& x) { return active() ? CopyToTp::apply(x) : x; }
+at::Tensor tp_reduce(const at::Tensor& x) { return active() ? ReduceFromTp::apply(x) : x; }
+at::Tensor tp_gather_last(const at::Tensor& x) { return active() ? GatherLast::apply(x) : x; }
+at::Tensor sp_scatter(int64_t first, const at::Tensor& x) {
+  return active() && g_sp.load() && first ? ScatterSeq::apply(x) : x;
+}
+at::Tensor tp_vocab_reduce(const at::Tensor& y, const at::Tensor& ids, int64_t start, int64_t end) {
+  return active() ? VocabReduce::apply(y, ids, start, end) : y;
+}
+// Below autograd (no graph is recorded): forward only.
+at::Tensor tp_copy_plain(const at::Tensor& x) { return active() && g_sp.load() ? all_gather_dim(*g_tp.load(), x, 1) : x; }
+at::Tensor tp_reduce_plain(const at::Tensor& x) {
+  if (!active()) return x;
+  return g_sp.load() ? reduce_scatter_dim(*g_tp.load(), x, 1) : all_reduced(x);
+}
+at::Tensor tp_gather_last_plain(const at::Tensor& x) { return active() ? all_gather_dim(*g_tp.load(), x, -1) : x; }
+at::Tensor sp_scatter_plain(int64_t first, const at::Tensor& x) {
+  return active() && g_sp.load() && first ? own_chunk(x, 1) : x;
+}
+at::Tensor tp_vocab_reduce_plain(const at::Tensor& y, const at::Tensor& ids, int64_t start, int64_t end) {
+  return active() ? all_reduced(y.masked_fill(out_of_shard(ids, start, end).unsqueeze(-1), 0)) : y;
+}
+at::Tensor tp_vocab_ids(const at::Tensor& ids, int64_t start, int64_t end) {
+  return active() ? (ids - start).clamp(0, end - start - 1) : ids;
+}
+
+// ------------------------------------------------------------------------------- vocab-parallel CE
+struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t start) {
+    Communicator& c = *g_tp.load();
+    Tag tag("vocab-parallel cross entropy");
+    const int64_t V = logits.size(1);
+    at::Tensor x = logits.to(at::kFloat);
+    at::Tensor m = std::get<0>(x.max(1)).contiguous();
+    c.all_reduce(m, ReduceOp::kMax);
+    at::Tensor shifted = x - m.unsqueeze(1);
+    at::Tensor e = shifted.exp();
+    at::Tensor sum_exp = e.sum(1).contiguous();
+    at::Tensor local = targets - start;
+    at::Tensor mine = (local >= 0).logical_and(local < V);
+    at::Tensor idx = local.clamp(0, V - 1);
+    at::Tensor target_logit = shifted.gather(1, idx.unsqueeze(1)).squeeze(1).masked_fill(mine.logical_not(), 0).contiguous();
+    // One all-reduce for both sums.
+    at::Tensor both = at::stack({sum_exp, target_logit}).contiguous();
+    c.all_reduce(both, ReduceOp::kSum);
+    sum_exp = both[0];
+    ctx->saved_data["softmax"] = e / sum_exp.unsqueeze(1);
+    ctx->saved_data["idx"] = idx;
+    ctx->saved_data["mine"] = mine;
+    ctx->saved_data["dtype"] = int64_t(logits.scalar_type());
+    return sum_exp.log() - both[1];
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    at::Tensor grad = ctx->saved_data["softmax"].toTensor().clone();
+    at::Tensor idx = ctx->saved_data["idx"].toTensor(), mine = ctx->saved_data["mine"].toTensor();
+    grad.scatter_add_(1, idx.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
+    grad.mul_(g[0].unsqueeze(1));
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    return {grad.to(dtype), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void set_tp_context(Communicator* tp, bool sequence_parallel) {
+  g_tp.store(tp);
+  g_sp.store(sequence_parallel);
+}
+
+at::Tensor all_gather_dim(Communicator& c, const at::Tensor& x, int64_t dim) {
+  dim = wrap_dim(dim, x.dim());
+  at::Tensor in = x.contiguous();
+  at::Tensor out = at::empty({c.size() * in.numel()}, in.options());
+  {
+    Tag t("tensor-parallel all-gather");
+    c.all_gather(out, in.reshape({-1}));
+  }
+  std::vector<int64_t> stacked{c.size()};
+  for (int64_t s : in.sizes()) stacked.push_back(s);
+  std::vector<int64_t> result = in.sizes().vec();
+  result[size_t(dim)] *= c.size();
+  return out.view(stacked).movedim(0, dim).reshape(result);
+}
+
+at::Tensor reduce_scatter_dim(Communicator& c, const at::Tensor& x, int64_t dim) {
+  dim = wrap_dim(dim, x.dim());
+  const int64_t n = x.size(dim) / c.size();
+  std::vector<int64_t> split = x.sizes().vec();
+  split[size_t(dim)] = n;
+  split.insert(split.begin() + dim, c.size());
+  at::Tensor in = x.reshape(split).movedim(dim, 0).contiguous();
+  std::vector<int64_t> result = x.sizes().vec();
+  result[size_t(dim)] = n;
+  at::Tensor out = at::empty(result, x.options());
+  Tag t("tensor-parallel reduce-scatter");
+  c.reduce_scatter(out.view({-1}), in.view({-1}), ReduceOp::kSum);
+  return out;
+}
+
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start) {
+  if (!active()) throw std::logic_error("vocab_parallel_cross_entropy without a tensor-parallel group");
+  return VocabParallelCE::apply(logits, targets, vocab_start);
+}
+
+}  // namespace mfsdp
+
+TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
+  const auto conservative = c10::AliasAnalysisKind::CONSERVATIVE;
+  m.def(torch::schema("mfsdp::tp_copy(Tensor x) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::tp_reduce(Tensor x) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::tp_gather_last(Tensor x) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::sp_scatter(int first, Tensor x) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::tp_vocab_ids(Tensor ids, int start, int end) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::tp_vocab_reduce(Tensor y, Tensor ids, int start, int end) -> Tensor", conservative));
+}
+
+TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
+  m.impl("tp_copy", mfsdp::tp_copy);
+  m.impl("tp_reduce", mfsdp::tp_reduce);
+  m.impl("tp_gather_last", mfsdp::tp_gather_last);
+  m.impl("sp_scatter", mfsdp::sp_scatter);
+  m.impl("tp_vocab_reduce", mfsdp::tp_vocab_reduce);
+}
+
+TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
+  m.impl("tp_copy", mfsdp::tp_copy_plain);
+  m.impl("tp_reduce", mfsdp::tp_reduce_plain);
+  m.impl("tp_gather_last", mfsdp::tp_gather_last_plain);
+  m.impl("sp_scatter", mfsdp::sp_scatter_plain);
+  m.impl("tp_vocab_reduce", mfsdp::tp_vocab_reduce_plain);
+  m.impl("tp_vocab_ids", mfsdp::tp_vocab_ids);
+}
