@@ -6,7 +6,12 @@
 #include "comm/communicator.h"
 #include "config/config.h"
 #include "mesh/device_mesh.h"
+#include "model/model.h"
+#include "parallel/tensor_parallel.h"
 #include "util/error.h"
+
+#include <filesystem>
+#include <map>
 
 namespace mfsdp::cli {
 
@@ -16,6 +21,48 @@ void ConfigArgs::add_to(CLI::App& cmd) {
 }
 
 namespace {
+
+// How every parameter is split for this mesh: the TP split from the plan, then the FSDP bucket it
+// lands in and what one rank of dp_shard x cp holds of that bucket.
+void print_parameter_layout(const Config& cfg, const MeshShape& shape) {
+  if (!std::filesystem::exists(cfg.model.path)) {
+    std::printf("parameters: %s does not exist here; the per-parameter split is shown when it does\n",
+                cfg.model.path.c_str());
+    return;
+  }
+  Model model = [&] {
+    try {
+      return Model::load(cfg.model.path, /*on_meta=*/true);  // shapes only: no weights read
+    } catch (const UserError&) {
+      return Model::load(cfg.model.path);  // buffers with values cannot be loaded on meta
+    }
+  }();
+  model.find_units(cfg.distributed.megatron_fsdp_unit_modules, cfg.where("distributed.megatron_fsdp_unit_modules"));
+  TpAssignment a = plan_tensor_parallel(model, cfg, shape.tp);
+  std::printf("%s", describe_tp_assignment(model, a, shape.tp).c_str());
+  const int strategy = int(cfg.distributed.zero_dp_strategy);
+  const int64_t S = strategy == 0 ? 1 : shape.dp_shard * shape.cp;
+  std::map<int, int64_t> bucket;  // unit (-1: outside units) -> elements per TP rank
+  for (size_t i = 0; i < model.params().size(); ++i) {
+    int64_t n = model.params()[i].tensor.numel();
+    if (a.split_dim[i] >= 0 && shape.tp > 1) n /= shape.tp;
+    bucket[cfg.distributed.disable_bucketing ? int(1000000 + i) : model.params()[i].unit] += n;
+  }
+  std::printf("fsdp (%s, %s): each bucket padded to a multiple of %lld and sharded over dp_shard x cp = %lld ranks; %s\n",
+              to_string(cfg.distributed.zero_dp_strategy), cfg.distributed.disable_bucketing ? "one bucket per parameter" : "one bucket per unit",
+              (long long)S, (long long)S,
+              strategy == 0 ? "no_shard keeps everything whole"
+              : strategy == 1 ? "main weights and optimizer state sharded"
+              : strategy == 2 ? "main weights, optimizer state and gradients sharded"
+                              : "weights, gradients and optimizer state sharded; weights gathered per unit");
+  for (const auto& [u, n] : bucket) {
+    std::string name = u >= 1000000 ? model.params()[size_t(u - 1000000)].name
+                       : u >= 0     ? model.units()[size_t(u)].path
+                                    : "(outside units)";
+    std::printf("  bucket %s: %lld elements per TP rank -> %lld per rank over %lld ranks\n", name.c_str(), (long long)n,
+                (long long)((n + S - 1) / S), (long long)S);
+  }
+}
 
 // The world size the launcher gave us, without initialising MPI (Open MPI, PMI, SLURM).
 int launcher_world_size() {
@@ -48,6 +95,11 @@ Runner add_validate(CLI::App& cmd) {
                   (long long)shape.dp(), (long long)accum,
                   (long long)(cfg.training.global_batch_size * cfg.training.seq_length));
       std::printf("backend: %s\n", nccl_available() ? "NCCL on GPUs when present, MPI on CPU" : "MPI (CPU); NCCL not built");
+      print_parameter_layout(cfg, shape);
+    } else if (std::filesystem::exists(cfg.model.path)) {
+      Model model = Model::load(cfg.model.path, true);
+      model.find_units(cfg.distributed.megatron_fsdp_unit_modules, cfg.where("distributed.megatron_fsdp_unit_modules"));
+      plan_tensor_parallel(model, cfg, shape.tp);  // the plan's errors, without the table
     }
     std::printf("config OK: %s at world size %d (dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld), "
                 "zero_dp_strategy %s\n",

@@ -142,8 +142,9 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
       if (!owner[size_t(pi)].empty() && (a.split_dim[size_t(pi)] != dim || a.parts[size_t(pi)] != parts))
         fail(e, fmt::format("parameter {} (tied) is also split by module {} ({}), differently", p.name,
                             owner[size_t(pi)], a.param_styles[size_t(pi)]));
+      a.param_styles[size_t(pi)] = owner[size_t(pi)].empty() ? plan.entries[e].second
+                                                               : a.param_styles[size_t(pi)] + " + " + plan.entries[e].second + " (tied)";
       owner[size_t(pi)] = nm.name;
-      a.param_styles[size_t(pi)] = plan.entries[e].second;
       a.split_dim[size_t(pi)] = dim;
       a.parts[size_t(pi)] = parts;
     };
@@ -195,7 +196,7 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
 
 std::string describe_tp_assignment(const Model& model, const TpAssignment& a, int64_t tp) {
   std::string out = fmt::format("tensor parallel: tp_size {}, plan from {}\n", tp, a.plan_source.empty() ? "(none)" : a.plan_source);
-  out += fmt::format("  {:<44} {:<14} {:<26} {}\n", "parameter", "global shape", "style", "split -> shape per TP rank");
+  out += fmt::format("  {:<44} {:<14} {:<32} {}\n", "parameter", "global shape", "style", "split -> shape per TP rank");
   for (size_t i = 0; i < model.params().size(); ++i) {
     const auto& p = model.params()[i];
     std::vector<int64_t> local = p.tensor.sizes().vec();
@@ -206,7 +207,7 @@ std::string describe_tp_assignment(const Model& model, const TpAssignment& a, in
                           shape_str(local));
     }
     if (a.grad_sum[i]) split += ", grad summed over tp";
-    out += fmt::format("  {:<44} {:<14} {:<26} {}\n", p.name, shape_str(p.tensor.sizes().vec()),
+    out += fmt::format("  {:<44} {:<14} {:<32} {}\n", p.name, shape_str(p.tensor.sizes().vec()),
                        a.param_styles[i].empty() ? "-" : a.param_styles[i], split);
   }
   return out;
@@ -383,16 +384,49 @@ class TensorParallelImpl final : public TensorParallel {
         if (s) called_.insert(target);
       }
       if (!style || !style_splits_weight(style->kind)) continue;
-      if (node->inputs().size() < 2 || !is_tensor(node->input(1)))
-        throw UserError(first_target + ": a " + style->kind + " module must take a Tensor as its first argument");
       rewrite_call(node, *style, first_target);
       ++rewritten_;
     }
   }
 
+  // The aten::linear node of a Linear-like module's forward, or nullptr.
+  static Node* linear_node(torch::jit::Module& mod) {
+    auto& fn = torch::jit::toGraphFunction(mod.get_method("forward").function());
+    for (Node* n : fn.graph()->nodes())
+      if (n->kind() == c10::aten::linear) return n;
+    return nullptr;
+  }
+
+  // The value at the call site that a value of the callee's graph stands for: an argument, or an
+  // attribute of the module (inserted here as a GetAttr). nullptr otherwise.
+  static Value* at_call_site(Value* v, Node* call) {
+    auto* callee_graph = v->owningGraph();
+    for (size_t i = 1; i < callee_graph->inputs().size(); ++i)
+      if (callee_graph->inputs()[i] == v) return call->input(i);
+    if (v->node()->kind() == c10::prim::GetAttr && v->node()->input(0) == callee_graph->inputs()[0])
+      return call->owningGraph()->insertGetAttr(call->input(0), v->node()->s(c10::attr::name));
+    return nullptr;
+  }
+
+  // Which argument of the call is the activation: the input of the callee's linear (a traced
+  // model with tied weights passes the weight as an argument too), else the first Tensor one.
+  static size_t activation_arg(Node* call, torch::jit::Module& mod) {
+    if (Node* lin = linear_node(mod)) {
+      auto* callee_graph = lin->owningGraph();
+      for (size_t i = 1; i < callee_graph->inputs().size(); ++i)
+        if (callee_graph->inputs()[i] == lin->input(0)) return i;
+    }
+    for (size_t i = 1; i < call->inputs().size(); ++i)
+      if (is_tensor(call->input(i))) return i;
+    return 0;
+  }
+
   void rewrite_call(Node* node, const TpStyle& style, const std::string& path) {
     torch::jit::Graph& g = *node->owningGraph();
-    Value* x = node->input(1);
+    torch::jit::Module mod = submodule_at(model_.module(), path);
+    const size_t arg = activation_arg(node, mod);
+    if (arg == 0) throw UserError(path + ": a " + style.kind + " module must take a Tensor argument");
+    Value* x = node->input(arg);
     const std::string& k = style.kind;
     if (k == "colwise" || k == "colwise_rep") {
       // Colwise calls on the same input (q, k and v projections; gate and up) share one tp_copy:
@@ -404,7 +438,7 @@ class TensorParallelImpl final : public TensorParallel {
         torch::jit::WithInsertPoint guard(node);
         it = copies_.emplace(key, insert_op(g, "mfsdp::tp_copy", {x}, x->type())).first;
       }
-      node->replaceInput(1, it->second);
+      node->replaceInput(arg, it->second);
       if (k == "colwise_rep") {
         torch::jit::WithInsertPoint guard(node->next());
         Value* y = node->output();
@@ -412,37 +446,34 @@ class TensorParallelImpl final : public TensorParallel {
         y->replaceAllUsesAfterNodeWith(full->node(), full);
       }
     } else if (k == "vocab_parallel") {
-      const int64_t rows = submodule_at(model_.module(), path).attr("weight").toTensor().size(0);  // local rows
+      const int64_t rows = mod.attr("weight").toTensor().size(0);  // local rows
       const int64_t start = rank_ * rows, end = start + rows;
       {
         torch::jit::WithInsertPoint guard(node);
-        node->replaceInput(1, insert_op(g, "mfsdp::tp_vocab_ids", {x, start, end}, x->type()));
+        node->replaceInput(arg, insert_op(g, "mfsdp::tp_vocab_ids", {x, start, end}, x->type()));
       }
       torch::jit::WithInsertPoint guard(node->next());
       Value* y = node->output();
       Value* reduced = insert_op(g, "mfsdp::tp_vocab_reduce", {y, x, start, end}, y->type());
       y->replaceAllUsesAfterNodeWith(reduced->node(), reduced);
     } else if (k == "rowwise") {
-      // The module must be a plain linear layer: we replace its call by linear(x, W) -> reduce -> + b.
-      torch::jit::Module mod = submodule_at(model_.module(), path);
-      auto& fn = torch::jit::toGraphFunction(mod.get_method("forward").function());
-      bool linear = false, other = false;
-      for (Node* n : fn.graph()->nodes()) {
-        if (n->kind() == c10::aten::linear) linear = true;
-        else if (n->kind() != c10::prim::GetAttr && n->kind() != c10::prim::Constant) other = true;
-      }
-      if (!linear || other || node->inputs().size() != 2)
+      // The module must be a plain linear layer: its call becomes tp_reduce(linear(x, W)) + b.
+      Node* lin = linear_node(mod);
+      bool other = false;
+      if (lin)
+        for (Node* n : lin->owningGraph()->nodes())
+          if (n != lin && n->kind() != c10::prim::GetAttr && n->kind() != c10::prim::Constant) other = true;
+      if (!lin || other)
         throw ConfigError(a_.plan_source + ": rowwise applies to Linear modules (forward(x) = linear(x, weight, bias)); " +
                           path + " (class " + unqualified_class_name(mod) + ") computes something else");
       torch::jit::WithInsertPoint guard(node);
-      Value* w = g.insertGetAttr(node->input(0), "weight");
+      Value* w = at_call_site(lin->input(1), node);
+      Value* b = lin->input(2)->type()->kind() == c10::TypeKind::NoneType ? nullptr : at_call_site(lin->input(2), node);
+      if (!w || (lin->input(2)->type()->kind() != c10::TypeKind::NoneType && !b))
+        throw ConfigError(a_.plan_source + ": rowwise module " + path + ": cannot follow its weight and bias to the call site");
       Value* z = insert_op(g, "aten::linear", {x, w}, node->output()->type());
       Value* y = insert_op(g, "mfsdp::tp_reduce", {z}, z->type());
-      const bool has_bias = mod.hasattr("bias") && mod.attr("bias").isTensor();
-      if (has_bias) {
-        Value* b = g.insertGetAttr(node->input(0), "bias");
-        y = insert_op(g, "aten::add", {y, b}, y->type());
-      }
+      if (b) y = insert_op(g, "aten::add", {y, b}, y->type());
       node->output()->replaceAllUsesWith(y);
       node->destroy();
     }

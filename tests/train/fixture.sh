@@ -14,6 +14,10 @@ export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --untied --out "$out/gpt_untied.pt"
 export_model --arch llama --layers 2 --d-model 64 --heads 4 --kv-heads 2 --vocab 264 --out "$out/llama.pt"
 export_model --arch gpt --layers 1 --d-model 32 --heads 2 --vocab 200 --max-seq 64 --out "$out/gpt_vocab200.pt"
+export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --no-tp-plan --out "$out/gpt_noplan.pt"
+# A model written apart from export_model.py, following only the README contract; its TP plan is
+# in foreign.yaml (fused q/k/v with unequal GQA parts, a colwise_rep output head).
+/usr/bin/python3 "$here/tests/train/foreign_model.py" "$out/foreign.pt"
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
@@ -23,6 +27,27 @@ cat > "$out/base.yaml" <<YAML
 run_dir: $out/run
 model: {path: $out/gpt.pt}
 distributed: {zero_dp_strategy: no_shard}
+data: {train: $out/licenses, valid_fraction: 0.05}
+training: {max_steps: 20, global_batch_size: 16, micro_batch_size: 2, seq_length: 32, log_every: 100, threads: 1}
+optimizer: {lr: 0.003}
+lr_scheduler: {warmup_steps: 3}
+logging: {peak_tflops: 1.0}
+YAML
+cat > "$out/foreign.yaml" <<YAML
+# The parity experiment of base.yaml on foreign.pt, with the model's tensor-parallel plan.
+run_dir: $out/run
+model: {path: $out/foreign.pt}
+distributed:
+  zero_dp_strategy: no_shard
+  tp_plan:
+    tok_embeddings: vocab_parallel
+    "layers.*.attention.wqkv": colwise:64+32+32
+    "layers.*.attention.wo": rowwise
+    "layers.*.feed_forward.w1": colwise
+    "layers.*.feed_forward.w3": colwise
+    "layers.*.feed_forward.w2": rowwise
+    "*norm": sequence_parallel
+    output: colwise_rep
 data: {train: $out/licenses, valid_fraction: 0.05}
 training: {max_steps: 20, global_batch_size: 16, micro_batch_size: 2, seq_length: 32, log_every: 100, threads: 1}
 optimizer: {lr: 0.003}

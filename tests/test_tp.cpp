@@ -1,0 +1,103 @@
+// Tensor-parallel building blocks at 1, 2 and 4 ranks: the vocab-parallel cross entropy equals the
+// full-vocabulary loss (values and gradients) without any rank holding the full logits, and the
+// sequence all-gather / reduce-scatter put every rank's chunk where it belongs.
+#include <ATen/ATen.h>
+
+#define CATCH_CONFIG_RUNNER  // our main() initialises MPI around the Catch session
+#include "catch.h"
+#include "comm/communicator.h"
+#include "comm/mpi_env.h"
+#include "parallel/tp_ops.h"
+
+using namespace mfsdp;
+
+namespace {
+
+std::unique_ptr<Communicator> world() {
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  return make_communicator(Backend::kMpi, dup, "tp");
+}
+
+struct Context {
+  explicit Context(Communicator& c, bool sp = false) { set_tp_context(&c, sp); }
+  ~Context() { set_tp_context(nullptr, false); }
+};
+
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("vocab-parallel cross entropy equals the full-vocabulary loss") {
+  auto c = world();
+  const int n = c->size(), r = c->rank();
+  Context ctx(*c);
+  const int64_t N = 37, V = 24 * 4;  // divisible by 1, 2 and 4 ranks
+  at::Generator gen = at::detail::createCPUGenerator(42);
+  // Large logits (scale 30) exercise the max subtraction; the same values on every rank.
+  at::Tensor full = at::randn({N, V}, gen, at::kFloat) * 30;
+  at::Tensor targets = at::randint(0, V, {N}, gen, at::kLong);
+  at::Tensor full_leaf = full.clone().requires_grad_(true);
+  at::Tensor ref = at::cross_entropy_loss(full_leaf, targets, {}, at::Reduction::None);
+  at::Tensor weights = at::rand({N}, gen, at::kFloat);
+  (ref * weights).sum().backward();
+
+  const int64_t Vl = V / (n > 1 ? n : 1);
+  at::Tensor mine = full.narrow(1, r * Vl, Vl).clone().requires_grad_(true);
+  at::Tensor loss = n > 1 ? vocab_parallel_cross_entropy(mine, targets, r * Vl)
+                          : at::cross_entropy_loss(mine, targets, {}, at::Reduction::None);
+  (loss * weights).sum().backward();
+  INFO("ranks " << n);
+  CHECK(max_rel(loss.detach(), ref.detach()) < 1e-6);
+  CHECK(max_rel(mine.grad(), full_leaf.grad().narrow(1, r * Vl, Vl)) < 1e-5);
+  // Every rank got the same per-token loss.
+  at::Tensor sum = loss.detach().clone();
+  c->all_reduce(sum, ReduceOp::kSum);
+  CHECK(max_rel(sum / n, loss.detach()) < 1e-7);
+}
+
+TEST_CASE("bf16 logits: the loss is computed in fp32 and the gradient comes back in bf16") {
+  auto c = world();
+  const int n = c->size(), r = c->rank();
+  if (n == 1) return;  // the single-rank path is at::cross_entropy_loss itself
+  Context ctx(*c);
+  const int64_t N = 16, V = 8 * n;
+  at::Generator gen = at::detail::createCPUGenerator(7);
+  at::Tensor full = (at::randn({N, V}, gen, at::kFloat) * 4).to(at::kBFloat16);
+  at::Tensor targets = at::randint(0, V, {N}, gen, at::kLong);
+  at::Tensor ref = at::cross_entropy_loss(full.to(at::kFloat), targets, {}, at::Reduction::None);
+  at::Tensor mine = full.narrow(1, r * 8, 8).clone().requires_grad_(true);
+  at::Tensor loss = vocab_parallel_cross_entropy(mine, targets, r * 8);
+  loss.sum().backward();
+  CHECK(loss.scalar_type() == at::kFloat);
+  CHECK(mine.grad().scalar_type() == at::kBFloat16);
+  CHECK(max_rel(loss.detach(), ref) < 1e-6);
+}
+
+TEST_CASE("all_gather_dim and reduce_scatter_dim along the sequence") {
+  auto c = world();
+  const int n = c->size(), r = c->rank();
+  // [B=2, T=3, D=4] chunk per rank with values that say (rank, b, t, d).
+  at::Tensor idx = at::arange(2 * 3 * 4, at::kFloat).view({2, 3, 4});
+  at::Tensor chunk = idx + 1000 * r;
+  at::Tensor g = all_gather_dim(*c, chunk, 1);
+  REQUIRE(g.sizes() == at::IntArrayRef({2, 3 * n, 4}));
+  for (int k = 0; k < n; ++k) CHECK(g.narrow(1, 3 * k, 3).equal(idx + 1000 * k));
+  at::Tensor last = all_gather_dim(*c, chunk, -1);
+  REQUIRE(last.sizes() == at::IntArrayRef({2, 3, 4 * n}));
+  for (int k = 0; k < n; ++k) CHECK(last.narrow(2, 4 * k, 4).equal(idx + 1000 * k));
+  // Every rank contributes the full [2, 3n, 4] tensor (rank + 1) * base; rank k gets chunk k of the sum.
+  at::Tensor base = at::arange(2 * 3 * n * 4, at::kFloat).view({2, 3 * n, 4});
+  at::Tensor rs = reduce_scatter_dim(*c, base * (r + 1), 1);
+  const double total = n * (n + 1) / 2.0;
+  CHECK(rs.equal(base.narrow(1, 3 * r, 3) * total));
+}
+
+int main(int argc, char** argv) {
+  MpiEnv env(&argc, &argv);
+  int rc = Catch::Session().run(argc, argv);
+  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return rc;
+}

@@ -1,0 +1,88 @@
+#!/usr/bin/python3
+"""A model written apart from scripts/export_model.py, as a user would write one, following only the
+README's model contract: torchtitan-style names, a fused q/k/v projection with grouped-query
+attention (unequal packed parts), no stored tensor-parallel plan (its plan lives in the test YAML).
+
+    foreign_model.py OUT.pt
+"""
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv: int):
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.wqkv = nn.Linear(dim, (n_heads + 2 * n_kv) * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        self.q_share = n_heads * self.head_dim  # fractions of the fused output, used as ratios only
+        self.kv_share = n_kv * self.head_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.wqkv(x)
+        # Part widths from the output width (a TP rank holds a slice of every part).
+        total = self.q_share + 2 * self.kv_share
+        nq = qkv.size(-1) * self.q_share // total
+        nkv = qkv.size(-1) * self.kv_share // total
+        q, k, v = qkv.split([nq, nkv, nkv], dim=-1)
+        b, t = q.size(0), q.size(1)
+        h, hkv = nq // self.head_dim, nkv // self.head_dim
+        q = q.view(b, t, h, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, hkv, self.head_dim).transpose(1, 2).repeat_interleave(h // hkv, dim=1)
+        v = v.view(b, t, hkv, self.head_dim).transpose(1, 2).repeat_interleave(h // hkv, dim=1)
+        mask = torch.full((t, t), float("-inf")).triu(1)
+        y = torch.softmax(q @ k.transpose(-2, -1) / float(self.head_dim) ** 0.5 + mask, dim=-1) @ v
+        return self.wo(y.transpose(1, 2).reshape(b, t, h * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv: int):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = Attention(dim, n_heads, n_kv)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.feed_forward = FeedForward(dim, 3 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, vocab: int = 264, dim: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.pos_embeddings = nn.Embedding(128, dim)
+        self.layers = nn.ModuleList([TransformerBlock(dim, n_heads, n_kv) for _ in range(n_layers)])
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens) + self.pos_embeddings(position_ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.output(self.norm(h))
+
+
+if __name__ == "__main__":
+    torch.manual_seed(7)
+    model = Transformer()
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            nn.init.normal_(p, 0.0, 0.02)
+    torch.jit.script(model).save(sys.argv[1])
+    print(f"wrote {sys.argv[1]}: {sum(p.numel() for p in model.parameters())} parameters")
