@@ -47,6 +47,9 @@ struct DistributedConfig {
   // Megatron's sequence parallelism on top of it.
   std::optional<TpPlan> tp_plan;
   bool sequence_parallel = false;
+  // Context parallelism replaces the calls of these modules (class names or module-path globs),
+  // the model's attention core forward(q, k, v) on [B, heads, T, head_dim].
+  std::vector<std::string> core_attention_modules = {"CoreAttention"};
 
   // --- MegatronFSDPConfig (16 fields) ---
   std::optional<std::vector<std::string>> megatron_fsdp_unit_modules;  // null: auto-detect

@@ -56,6 +56,9 @@ void describe(Config& c, V& v) {
     v.field("cp_size", d.cp_size, at_least<int64_t>(1));
     v.field("tp_plan", d.tp_plan);
     v.field("sequence_parallel", d.sequence_parallel);
+    v.field("core_attention_modules", d.core_attention_modules, Check<std::vector<std::string>>([](const std::vector<std::string>& v) {
+              return v.empty() ? std::string("a non-empty list of class names or module-path globs") : std::string();
+            }));
     v.field("megatron_fsdp_unit_modules", d.megatron_fsdp_unit_modules);
     v.field("zero_dp_strategy", d.zero_dp_strategy);
     v.field("init_fsdp_with_meta_device", d.init_fsdp_with_meta_device);

@@ -92,6 +92,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         shard_(pg.get(MeshGroup::kDpShardCp)),
         replicate_(pg.get(MeshGroup::kDpReplicate)),
         tp_(pg.get(MeshGroup::kTp)),
+        dpcp_(pg.get(MeshGroup::kDpCp)),
+        cp_size_(pg.get(MeshGroup::kCp).size()),
         model_cfg_(cfg.model),
         seed_(uint64_t(cfg.training.seed)) {
     const bool bf16 = cfg.model.compute_dtype == "bf16";
@@ -300,7 +302,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
 
   const std::vector<SlotRange>& slot_ranges() const override { return ranges_; }
   bool checkpoint_writer() const override {
-    return strategy_ == 0 ? dp_.rank() == 0 : replicate_.rank() == 0;
+    return strategy_ == 0 ? dpcp_.rank() == 0 : replicate_.rank() == 0;
   }
 
   int rebind_parameters() override {
@@ -629,12 +631,15 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   void launch_reduce(Bucket& b) {
     if (b.reduced_this_micro) return;
     b.reduced_this_micro = true;
+    // Gradients are summed over context-parallel ranks (each holds part of every sequence) and
+    // averaged over data-parallel ones (each holds other samples): the reduction group is dp x cp.
     const int dp = dp_.size();
     ReduceOp op = d_.average_in_collective ? ReduceOp::kAvg : ReduceOp::kSum;
     FlightRecorder::instance().set_tag("reduce gradients of " + b.name);
     if (!d_.calculate_per_token_loss && !d_.average_in_collective && dp > 1) b.grad_full.div_(dp);
+    if (d_.average_in_collective && cp_size_ > 1) b.grad_full.mul_(cp_size_);  // the average divides by dp x cp
     if (strategy_ == 0) {
-      b.reduces.push_back({dp_.all_reduce_async(b.grad_full, op), {}, {}});
+      b.reduces.push_back({dpcp_.all_reduce_async(b.grad_full, op), {}, {}});
     } else if (strategy_ == 1) {
       b.reduces.push_back({shard_.reduce_scatter_async(b.grad_shard, b.grad_full, op), {}, b.grad_full});
     } else {
@@ -697,7 +702,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   Model& model_;
   const DistributedConfig& d_;
   int strategy_;
-  Communicator &dp_, &shard_, &replicate_, &tp_;
+  Communicator &dp_, &shard_, &replicate_, &tp_, &dpcp_;
+  int cp_size_ = 1;
   std::vector<int> slot_param_;  // slot -> parameter index
   const ModelConfig& model_cfg_;
   uint64_t seed_;
@@ -732,8 +738,6 @@ torch::autograd::variable_list GradReadyHook::operator()(const torch::autograd::
 
 std::unique_ptr<ParallelEngine> make_engine(Model& model, const Config& cfg, ProcessGroups& pg) {
   const auto& d = cfg.distributed;
-  if (d.cp_size > 1)
-    throw ConfigError(cfg.where("distributed.cp_size") + ": distributed.cp_size > 1: context parallelism is not in this build yet");
   if (d.nccl_ub)
     throw ConfigError(cfg.where("distributed.nccl_ub") + ": distributed.nccl_ub registers NCCL user buffers; this run "
                       "uses the MPI backend on CPU tensors, where there is nothing to register");

@@ -33,6 +33,7 @@
 #include "mesh/process_groups.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_ops.h"
 #include "train/metrics.h"
@@ -193,6 +194,8 @@ class Trainer {
 
     tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
     if (!tp_->describe().empty()) log(tp_->describe());
+    cp_ = apply_context_parallel(*model_, cfg_, *pg_);  // replaces attention-core calls
+    if (!cp_->describe().empty()) log(cp_->describe());
     engine_ = make_engine(*model_, cfg_, *pg_);  // rewrites the unit graphs: before any forward
     log(engine_->describe());
     vocab_ = probe_vocabulary();
@@ -309,13 +312,17 @@ class Trainer {
 
   // Cross entropy of one micro-batch: returns (sum of masked token losses, masked tokens) and,
   // when `backward`, runs backward on the normalised objective.
-  LossSums micro_batch(const Batch& b, bool backward) {
+  LossSums micro_batch(const Batch& full, bool backward) {
     // Targets are the tokens shifted by one: together they are every token of the window.
-    const int64_t max_token = std::max(b.tokens.max().item<int64_t>(), b.targets.max().item<int64_t>());
+    const int64_t max_token = std::max(full.tokens.max().item<int64_t>(), full.targets.max().item<int64_t>());
     if (max_token >= vocab_)
       throw UserError(fmt::format("data: token id {} does not fit the model's vocabulary of {} ({}): the dataset was "
                                   "made with a larger vocabulary than the model",
                                   max_token, vocab_, cfg_.model.path));
+    // Context parallel: this rank's chunks of every sequence; the micro-batch's loss is still
+    // normalised by all of its tokens.
+    const Batch b = cp_->slice(full);
+    const double micro_tokens = full.loss_mask.sum().item<double>();
     engine_->pre_model_forward();
     at::Tensor logits = model_->forward(b.tokens, b.position_ids);
     if (logits.dim() != 3 || logits.size(0) != b.tokens.size(0) || logits.size(1) != b.tokens.size(1))
@@ -341,7 +348,7 @@ class Trainer {
       // Otherwise: this micro-batch's mean, averaged over micro-batches (and over dp by the engine).
       at::Tensor objective = cfg_.distributed.calculate_per_token_loss
                                  ? masked_sum
-                                 : masked_sum / std::max(1.0, out.tokens) / double(accum_);
+                                 : masked_sum / std::max(1.0, micro_tokens) / double(accum_);
       objective.backward();
       engine_->end_micro_batch();
     }
@@ -361,9 +368,10 @@ class Trainer {
       sums.loss_sum += s.loss_sum;
       sums.tokens += s.tokens;
     }
-    // Loss and token count over the global batch (data-parallel ranks hold disjoint samples).
+    // Loss and token count over the global batch (data-parallel ranks hold disjoint samples,
+    // context-parallel ranks disjoint parts of them).
     at::Tensor stats = at::tensor({sums.loss_sum, sums.tokens}, at::kDouble);
-    pg_->get(MeshGroup::kDp).all_reduce(stats, ReduceOp::kSum);
+    pg_->get(MeshGroup::kDpCp).all_reduce(stats, ReduceOp::kSum);
     const double global_tokens = stats[1].item<double>();
     engine_->finish_grad_sync(cfg_.distributed.calculate_per_token_loss ? 1.0 / std::max(1.0, global_tokens) : 1.0);
 
@@ -428,7 +436,7 @@ class Trainer {
       }
     model_->train(true);
     at::Tensor stats = at::tensor({sums.loss_sum, sums.tokens}, at::kDouble);
-    pg_->get(MeshGroup::kDp).all_reduce(stats, ReduceOp::kSum);
+    pg_->get(MeshGroup::kDpCp).all_reduce(stats, ReduceOp::kSum);
     return stats[0].item<double>() / std::max(1.0, stats[1].item<double>());
   }
 
@@ -440,6 +448,7 @@ class Trainer {
   std::unique_ptr<ProcessGroups> pg_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<TensorParallel> tp_;
+  std::unique_ptr<ContextParallel> cp_;
   std::unique_ptr<ParallelEngine> engine_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataPipeline> data_;

@@ -1,0 +1,287 @@
+#include "parallel/context_parallel.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/autograd.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cmath>
+#include <set>
+
+#include "comm/communicator.h"
+#include "comm/flight_recorder.h"
+#include "data/gpt_dataset.h"
+#include "mesh/process_groups.h"
+#include "model/graph_rewrite.h"
+#include "model/model.h"
+#include "parallel/tp_ops.h"
+#include "util/error.h"
+#include "util/strings.h"
+
+namespace mfsdp {
+namespace {
+
+std::atomic<Communicator*> g_cp{nullptr};
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct Tag {
+  explicit Tag(const char* what) { FlightRecorder::instance().set_tag(what); }
+  ~Tag() { FlightRecorder::instance().set_tag(""); }
+};
+
+// The 2C global chunks of a [B, H, T/C, D] tensor's sequence, gathered from the CP group: rank s
+// holds global chunks s and 2C-1-s. Returns the gathered buffer [C, B, H, T/C, D] (rank-major, the
+// layout reduce-scatter returns to owners) and views of every global chunk in order.
+struct Gathered {
+  at::Tensor buffer;
+  std::vector<at::Tensor> chunks;
+};
+
+Gathered gather_chunks(Communicator& c, const at::Tensor& x) {
+  const int64_t C = c.size(), Tl = x.size(2), half = Tl / 2;
+  at::Tensor in = x.contiguous();
+  Gathered g;
+  g.buffer = at::empty({C * in.numel()}, in.options());
+  {
+    Tag t("context-parallel all-gather of keys/values");
+    c.all_gather(g.buffer, in.reshape({-1}));
+  }
+  std::vector<int64_t> shape{C};
+  for (int64_t s : in.sizes()) shape.push_back(s);
+  g.buffer = g.buffer.view(shape);
+  g.chunks.resize(size_t(2 * C));
+  for (int64_t s = 0; s < C; ++s) {
+    g.chunks[size_t(s)] = g.buffer[s].narrow(2, 0, half);
+    g.chunks[size_t(2 * C - 1 - s)] = g.buffer[s].narrow(2, half, half);
+  }
+  return g;
+}
+
+// Global chunk index of local chunk a (0 or 1) on CP rank r of C.
+int64_t global_chunk(int64_t a, int64_t r, int64_t C) { return a == 0 ? r : 2 * C - 1 - r; }
+
+at::Tensor causal_bias(int64_t c, const at::TensorOptions& opt) {
+  return at::full({c, c}, -std::numeric_limits<float>::infinity(), opt).triu(1);
+}
+
+struct CpAttention : public torch::autograd::Function<CpAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    Communicator& c = *g_cp.load();
+    const int64_t C = c.size(), r = c.rank(), Tl = q.size(2), half = Tl / 2;
+    const double scale = 1.0 / std::sqrt(double(q.size(3)));
+    at::Tensor qf = q.to(at::kFloat);
+    Gathered kg = gather_chunks(c, k.to(at::kFloat)), vg = gather_chunks(c, v.to(at::kFloat));
+    at::Tensor bias = causal_bias(half, qf.options());
+    std::vector<at::Tensor> outs, lses;
+    for (int64_t a = 0; a < 2; ++a) {
+      const int64_t i = global_chunk(a, r, C);
+      at::Tensor qi = qf.narrow(2, a * half, half);
+      at::Tensor m, l, acc;
+      for (int64_t j = 0; j <= i; ++j) {
+        at::Tensor s = at::matmul(qi, kg.chunks[size_t(j)].transpose(-2, -1)).mul_(scale);
+        if (j == i) s.add_(bias);
+        at::Tensor bm = std::get<0>(s.max(-1));
+        at::Tensor m_new = m.defined() ? at::maximum(m, bm) : bm;
+        at::Tensor p = (s - m_new.unsqueeze(-1)).exp_();
+        at::Tensor pv = at::matmul(p, vg.chunks[size_t(j)]);
+        if (!m.defined()) {
+          l = p.sum(-1);
+          acc = pv;
+        } else {
+          at::Tensor corr = (m - m_new).exp_();
+          l = l * corr + p.sum(-1);
+          acc = acc * corr.unsqueeze(-1) + pv;
+        }
+        m = m_new;
+      }
+      outs.push_back(acc / l.unsqueeze(-1));
+      lses.push_back(m + l.log());
+    }
+    at::Tensor out = at::cat(outs, 2);
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["out"] = out;
+    ctx->saved_data["lse"] = at::cat(lses, 2);
+    return out.to(q.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Communicator& c = *g_cp.load();
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    const int64_t C = c.size(), r = c.rank(), Tl = q.size(2), half = Tl / 2;
+    const double scale = 1.0 / std::sqrt(double(q.size(3)));
+    at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
+    at::Tensor dout = grads[0].to(at::kFloat);
+    at::Tensor delta = (dout * out).sum(-1);  // rowsum(dO o O)
+    Gathered kg = gather_chunks(c, k.to(at::kFloat)), vg = gather_chunks(c, v.to(at::kFloat));
+    // Gradients of every global key/value chunk, in the gathered (rank-major) layout, so that one
+    // reduce-scatter hands each owner the sum for its own chunks.
+    at::Tensor dk_all = at::zeros_like(kg.buffer), dv_all = at::zeros_like(vg.buffer);
+    std::vector<at::Tensor> dk_chunks(size_t(2 * C)), dv_chunks(size_t(2 * C));
+    for (int64_t s = 0; s < C; ++s) {
+      dk_chunks[size_t(s)] = dk_all[s].narrow(2, 0, half);
+      dk_chunks[size_t(2 * C - 1 - s)] = dk_all[s].narrow(2, half, half);
+      dv_chunks[size_t(s)] = dv_all[s].narrow(2, 0, half);
+      dv_chunks[size_t(2 * C - 1 - s)] = dv_all[s].narrow(2, half, half);
+    }
+    at::Tensor dq = at::zeros_like(qf);
+    at::Tensor bias = causal_bias(half, qf.options());
+    for (int64_t a = 0; a < 2; ++a) {
+      const int64_t i = global_chunk(a, r, C);
+      at::Tensor qi = qf.narrow(2, a * half, half), doi = dout.narrow(2, a * half, half);
+      at::Tensor lsei = lse.narrow(2, a * half, half).unsqueeze(-1), di = delta.narrow(2, a * half, half).unsqueeze(-1);
+      at::Tensor dqi = dq.narrow(2, a * half, half);
+      for (int64_t j = 0; j <= i; ++j) {
+        const at::Tensor &kj = kg.chunks[size_t(j)], &vj = vg.chunks[size_t(j)];
+        at::Tensor s = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
+        if (j == i) s.add_(bias);
+        at::Tensor p = (s - lsei).exp_();
+        dv_chunks[size_t(j)].add_(at::matmul(p.transpose(-2, -1), doi));
+        at::Tensor ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - di);
+        dqi.add_(at::matmul(ds, kj), scale);
+        dk_chunks[size_t(j)].add_(at::matmul(ds.transpose(-2, -1), qi), scale);
+      }
+    }
+    at::Tensor dk = at::empty(k.sizes(), qf.options()), dv = at::empty(v.sizes(), qf.options());
+    {
+      Tag t("context-parallel reduce-scatter of key/value gradients");
+      c.reduce_scatter(dk.view({-1}), dk_all.view({-1}), ReduceOp::kSum);
+      c.reduce_scatter(dv.view({-1}), dv_all.view({-1}), ReduceOp::kSum);
+    }
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
+  }
+};
+
+// Plain causal attention (no CP group): what the replaced core computes, for cp_attention's
+// callers without a group (tests) and for inference below autograd.
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  at::Tensor s = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+  s = s + causal_bias(q.size(2), s.options());
+  return at::matmul(at::softmax(s, -1), v.to(at::kFloat)).to(q.scalar_type());
+}
+
+at::Tensor cp_attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return cp_attention(q, k, v); }
+
+bool is_tensor(const torch::jit::Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
+
+class ContextParallelImpl final : public ContextParallel {
+ public:
+  ContextParallelImpl(Model& model, const Config& cfg, ProcessGroups& pg) : model_(model), cfg_(cfg), cp_(pg.get(MeshGroup::kCp)) {
+    if (cp_.size() == 1) return;
+    const auto& patterns = cfg.distributed.core_attention_modules;
+    std::set<const c10::ClassType*> core_types;
+    for (const auto& nm : model.module().named_modules()) {
+      if (nm.name.empty()) continue;
+      const std::string cls = unqualified_class_name(nm.value), qcls = qualified_class_name(nm.value);
+      for (const auto& p : patterns)
+        if (p == cls || p == qcls || glob_match(p, nm.name)) {
+          core_types.insert(nm.value.type().get());
+          core_paths_.push_back(nm.name);
+          break;
+        }
+    }
+    if (core_types.empty())
+      throw ConfigError(cfg.where("distributed.core_attention_modules") +
+                        ": distributed.cp_size > 1 replaces the model's attention core, and distributed.core_attention_modules [" +
+                        join(patterns, ", ") + "] matches no module of " + model.path() +
+                        ". The model contract: softmax(QK^T/sqrt(d))V with a causal mask is a submodule of its own, "
+                        "forward(q, k, v) on [batch, heads, seq, head_dim] (README \"Model contract\"). The model's modules:\n" +
+                        model.module_tree());
+    std::set<const c10::ClassType*> seen;
+    for (const auto& nm : model.module().named_modules()) {
+      torch::jit::Module m = nm.value;
+      if (!seen.insert(m.type().get()).second || !m.find_method("forward")) continue;
+      auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
+      replace_calls(fn.graph()->block(), core_types, nm.name);
+    }
+    if (replaced_ == 0)
+      throw ConfigError(cfg.where("distributed.core_attention_modules") + ": the attention-core modules (" +
+                        core_paths_.front() + ", ...) are never called through their forward in the model's graphs");
+    set_cp_context(&cp_);
+  }
+  ~ContextParallelImpl() override {
+    if (cp_.size() > 1) set_cp_context(nullptr);
+  }
+
+  Batch slice(const Batch& b) const override {
+    if (cp_.size() == 1) return b;
+    const int64_t C = cp_.size(), r = cp_.rank(), T = b.tokens.size(1), c = T / (2 * C);
+    auto take = [&](const at::Tensor& x) {
+      return at::cat({x.narrow(1, r * c, c), x.narrow(1, (2 * C - 1 - r) * c, c)}, 1);
+    };
+    return Batch{take(b.tokens), take(b.targets), take(b.loss_mask), take(b.position_ids)};
+  }
+
+  std::string describe() const override {
+    if (cp_.size() == 1) return "";
+    return fmt::format("context parallel: cp_size {}, rank {} holds sequence chunks {} and {} of {} ({} tokens each); {} "
+                       "attention-core calls replaced (module {}{}): keys/values all-gathered, blockwise causal attention "
+                       "with log-sum-exp merging, key/value gradients reduce-scattered",
+                       cp_.size(), cp_.rank(), cp_.rank(), 2 * cp_.size() - 1 - cp_.rank(), 2 * cp_.size(),
+                       cfg_.training.seq_length / (2 * cp_.size()), replaced_, core_paths_.front(),
+                       core_paths_.size() > 1 ? fmt::format(" and {} more", core_paths_.size() - 1) : "");
+  }
+
+ private:
+  void replace_calls(torch::jit::Block* block, const std::set<const c10::ClassType*>& core, const std::string& where) {
+    for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+      torch::jit::Node* node = *it;
+      ++it;
+      for (auto* sub : node->blocks()) replace_calls(sub, core, where);
+      if (node->kind() != c10::prim::CallMethod || node->s(c10::attr::name) != "forward") continue;
+      auto cls = node->input(0)->type()->cast<c10::ClassType>();
+      if (!cls || !core.count(cls.get())) continue;
+      if (node->inputs().size() != 4 || !is_tensor(node->input(1)) || !is_tensor(node->input(2)) ||
+          !is_tensor(node->input(3)) || node->outputs().size() != 1)
+        throw UserError("context parallel: a call of attention core " + cls->name()->name() + " in " +
+                        (where.empty() ? "the model's forward" : where + ".forward") +
+                        " is not forward(q, k, v) -> Tensor on [batch, heads, seq, head_dim] (model contract)");
+      torch::jit::Graph& g = *node->owningGraph();
+      torch::jit::WithInsertPoint guard(node);
+      torch::jit::Value* out =
+          g.insert(c10::Symbol::fromQualString("mfsdp::cp_attention"), {node->input(1), node->input(2), node->input(3)});
+      out->setType(node->output()->type());
+      node->output()->replaceAllUsesWith(out);
+      node->destroy();
+      ++replaced_;
+    }
+  }
+
+  Model& model_;
+  const Config& cfg_;
+  Communicator& cp_;
+  std::vector<std::string> core_paths_;
+  int replaced_ = 0;
+};
+
+}  // namespace
+
+void set_cp_context(Communicator* cp) { g_cp.store(cp); }
+
+at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  Communicator* c = g_cp.load();
+  if (!c || c->size() == 1) return local_attention(q, k, v);
+  if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
+    throw UserError(fmt::format("context parallel attention: q, k, v must be [batch, heads, seq, head_dim] of one shape, "
+                                "got [{}], [{}], [{}] (repeat key/value heads before the core for grouped-query attention)",
+                                fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", ")));
+  if (q.size(2) % 2 != 0) throw UserError("context parallel attention: the local sequence must hold two equal chunks");
+  return CpAttention::apply(q, k, v);
+}
+
+std::unique_ptr<ContextParallel> apply_context_parallel(Model& model, const Config& cfg, ProcessGroups& pg) {
+  return std::make_unique<ContextParallelImpl>(model, cfg, pg);
+}
+
+}  // namespace mfsdp
+
+TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
+  m.def(torch::schema("mfsdp::cp_attention(Tensor q, Tensor k, Tensor v) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE));
+}
+
+TORCH_LIBRARY_IMPL(mfsdp, CompositeImplicitAutograd, m) { m.impl("cp_attention", mfsdp::cp_attention_op); }

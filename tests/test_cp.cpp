@@ -1,0 +1,86 @@
+// Context-parallel attention at 1, 2 and 4 ranks against plain causal attention on the whole
+// sequence: outputs and the gradients of q, k and v, each rank holding its two load-balanced
+// chunks (rank r: chunks r and 2cp-1-r). Large logits exercise the log-sum-exp merging.
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#define CATCH_CONFIG_RUNNER  // our main() initialises MPI around the Catch session
+#include "catch.h"
+#include "comm/communicator.h"
+#include "comm/mpi_env.h"
+#include "parallel/context_parallel.h"
+
+using namespace mfsdp;
+
+namespace {
+
+std::unique_ptr<Communicator> world() {
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  return make_communicator(Backend::kMpi, dup, "cp");
+}
+
+at::Tensor mine(const at::Tensor& x, int64_t r, int64_t C) {
+  const int64_t c = x.size(2) / (2 * C);
+  return at::cat({x.narrow(2, r * c, c), x.narrow(2, (2 * C - 1 - r) * c, c)}, 2);
+}
+
+at::Tensor reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  at::Tensor s = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+  at::Tensor keep = at::ones({q.size(2), q.size(2)}, at::kBool).tril();
+  return at::matmul(at::softmax(s.masked_fill(keep.logical_not(), -INFINITY), -1), v);
+}
+
+double max_rel(const at::Tensor& a, const at::Tensor& b) {
+  return ((a - b).abs().max() / b.abs().max()).item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("context-parallel attention equals causal attention on the whole sequence") {
+  auto c = world();
+  const int64_t C = c->size(), r = c->rank();
+  set_cp_context(c.get());
+  for (double amp : {1.0, 8.0}) {
+    INFO("ranks " << C << ", amplitude " << amp);
+    at::Generator gen = at::detail::createCPUGenerator(11);
+    const int64_t B = 2, H = 3, T = 8 * 4, D = 16;
+    at::Tensor q = at::randn({B, H, T, D}, gen, at::kFloat) * amp, k = at::randn({B, H, T, D}, gen, at::kFloat) * amp;
+    at::Tensor v = at::randn({B, H, T, D}, gen, at::kFloat), w = at::randn({B, H, T, D}, gen, at::kFloat);
+    // Reference on the whole sequence.
+    at::Tensor qr = q.clone().requires_grad_(true), kr = k.clone().requires_grad_(true), vr = v.clone().requires_grad_(true);
+    at::Tensor ref = reference(qr, kr, vr);
+    (ref * w).sum().backward();
+    // This rank's chunks.
+    at::Tensor ql = mine(q, r, C).requires_grad_(true), kl = mine(k, r, C).requires_grad_(true), vl = mine(v, r, C).requires_grad_(true);
+    at::Tensor out = cp_attention(ql, kl, vl);
+    (out * mine(w, r, C)).sum().backward();
+    CHECK(max_rel(out.detach(), mine(ref.detach(), r, C)) < 1e-5);
+    CHECK(max_rel(ql.grad(), mine(qr.grad(), r, C)) < 1e-4);
+    CHECK(max_rel(kl.grad(), mine(kr.grad(), r, C)) < 1e-4);
+    CHECK(max_rel(vl.grad(), mine(vr.grad(), r, C)) < 1e-5);
+  }
+  set_cp_context(nullptr);
+}
+
+TEST_CASE("bf16 inputs: fp32 inside, bf16 out and back") {
+  auto c = world();
+  const int64_t C = c->size(), r = c->rank();
+  set_cp_context(c.get());
+  at::Generator gen = at::detail::createCPUGenerator(3);
+  at::Tensor q = at::randn({1, 2, 4 * C, 8}, gen, at::kFloat).to(at::kBFloat16);
+  at::Tensor ql = mine(q, r, C).requires_grad_(true);
+  at::Tensor out = cp_attention(ql, ql, ql);
+  out.sum().backward();
+  CHECK(out.scalar_type() == at::kBFloat16);
+  CHECK(ql.grad().scalar_type() == at::kBFloat16);
+  CHECK(max_rel(out.to(at::kFloat), mine(reference(q.to(at::kFloat), q.to(at::kFloat), q.to(at::kFloat)), r, C)) < 1e-2);
+  set_cp_context(nullptr);
+}
+
+int main(int argc, char** argv) {
+  MpiEnv env(&argc, &argv);
+  int rc = Catch::Session().run(argc, argv);
+  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return rc;
+}
