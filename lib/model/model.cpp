@@ -191,19 +191,28 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
     // (two or more) that holds the most parameters is the set of units (ties: more members).
     // Weighing by parameters picks a model's transformer blocks over, say, the four projections
     // inside one attention layer.
+    // Leaf modules (a model's two Embedding tables, say) are chosen only when no group of
+    // modules with children repeats: a large position table must not outweigh the blocks.
     size_t best_count = 1;
     int64_t best_params = -1;
+    bool best_leaf = true;
     for (const auto& nm : modules) {
       std::map<std::string, std::vector<std::string>> by_class;
-      for (const auto& child : nm.value.named_children())
-        by_class[unqualified_class_name(child.value)].push_back(nm.name.empty() ? child.name : nm.name + "." + child.name);
+      std::map<std::string, bool> leaf;
+      for (const auto& child : nm.value.named_children()) {
+        const std::string cls = unqualified_class_name(child.value);
+        by_class[cls].push_back(nm.name.empty() ? child.name : nm.name + "." + child.name);
+        leaf[cls] = child.value.named_children().size() == 0;
+      }
       for (const auto& [cls, paths] : by_class) {
         if (paths.size() < 2) continue;
+        if (leaf[cls] && !best_leaf) continue;
         int64_t nparams = 0;
         for (const auto& p : params_)
           for (const auto& path : paths)
             if (p.name.rfind(path + ".", 0) == 0) nparams += p.tensor.numel();
-        if (nparams > best_params || (nparams == best_params && paths.size() > best_count)) {
+        if ((best_leaf && !leaf[cls]) || nparams > best_params || (nparams == best_params && paths.size() > best_count)) {
+          best_leaf = leaf[cls];
           best_count = paths.size();
           best_params = nparams;
           chosen.clear();
@@ -216,8 +225,16 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
   for (const auto& [path, cls] : chosen) units_.push_back({path, cls, {}});
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].unit = -1;
+    // A tied parameter that is also used outside the unit (an embedding shared with the output
+    // head) cannot be freed with the unit: it stays with the parameters outside units.
+    auto inside = [&](const std::string& path) {
+      if (params_[i].name.rfind(path + ".", 0) != 0) return false;
+      for (const auto& alias : params_[i].aliases)
+        if (alias.rfind(path + ".", 0) != 0) return false;
+      return true;
+    };
     for (size_t u = 0; u < units_.size(); ++u)
-      if (params_[i].name.rfind(units_[u].path + ".", 0) == 0) {
+      if (inside(units_[u].path)) {
         params_[i].unit = static_cast<int>(u);
         units_[u].params.push_back(static_cast<int>(i));
         break;

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cmath>
 #include <set>
 
@@ -172,7 +173,11 @@ bool is_tensor(const torch::jit::Value* v) { return v->type()->kind() == c10::Ty
 class ContextParallelImpl final : public ContextParallel {
  public:
   ContextParallelImpl(Model& model, const Config& cfg, ProcessGroups& pg) : model_(model), cfg_(cfg), cp_(pg.get(MeshGroup::kCp)) {
-    if (cp_.size() == 1) return;
+    // Measurement knob (bench/cp_memory.sh): the blockwise attention at cp_size 1 too, to separate
+    // what the algorithm saves from what splitting the sequence saves.
+    const char* knob = std::getenv("MFSDP_CP_ATTENTION_AT_CP1");
+    active_ = cp_.size() > 1 || (knob && std::string(knob) == "1");
+    if (!active_) return;
     const auto& patterns = cfg.distributed.core_attention_modules;
     std::set<const c10::ClassType*> core_types;
     for (const auto& nm : model.module().named_modules()) {
@@ -205,7 +210,7 @@ class ContextParallelImpl final : public ContextParallel {
     set_cp_context(&cp_);
   }
   ~ContextParallelImpl() override {
-    if (cp_.size() > 1) set_cp_context(nullptr);
+    if (active_) set_cp_context(nullptr);
   }
 
   Batch slice(const Batch& b) const override {
@@ -218,7 +223,7 @@ class ContextParallelImpl final : public ContextParallel {
   }
 
   std::string describe() const override {
-    if (cp_.size() == 1) return "";
+    if (!active_) return "";
     return fmt::format("context parallel: cp_size {}, rank {} holds sequence chunks {} and {} of {} ({} tokens each); {} "
                        "attention-core calls replaced (module {}{}): keys/values all-gathered, blockwise causal attention "
                        "with log-sum-exp merging, key/value gradients reduce-scattered",
@@ -255,6 +260,7 @@ class ContextParallelImpl final : public ContextParallel {
   Model& model_;
   const Config& cfg_;
   Communicator& cp_;
+  bool active_ = false;
   std::vector<std::string> core_paths_;
   int replaced_ = 0;
 };
@@ -265,7 +271,7 @@ void set_cp_context(Communicator* cp) { g_cp.store(cp); }
 
 at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   Communicator* c = g_cp.load();
-  if (!c || c->size() == 1) return local_attention(q, k, v);
+  if (!c) return local_attention(q, k, v);
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
     throw UserError(fmt::format("context parallel attention: q, k, v must be [batch, heads, seq, head_dim] of one shape, "
                                 "got [{}], [{}], [{}] (repeat key/value heads before the core for grouped-query attention)",
