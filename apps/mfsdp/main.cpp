@@ -92,7 +92,18 @@ int main(int argc, char** argv) {
   } catch (const mfsdp::UserError& e) {
     return report_and_exit("error: ", e.what(), 2);
   } catch (const std::exception& e) {
-    return report_and_exit("internal error: ", e.what(), 1);
+    const std::string what = e.what();
+    // Running out of memory is the user's sizing, not our bug: say what to change.
+    auto oom = what.find("can't allocate memory");
+    if (oom != std::string::npos) {
+      auto tried = what.find("you tried to allocate");
+      std::string detail = tried == std::string::npos ? "" : " (" + what.substr(tried, what.find('.', tried) - tried) + ")";
+      const std::string msg = "out of memory" + detail + ": lower training.micro_batch_size or "
+                              "training.seq_length, or spread the work: distributed.cp_size (activations), "
+                              "distributed.activation_checkpointing, zero_dp_strategy 3, distributed.tp_size";
+      return report_and_exit("error: ", msg.c_str(), 2);
+    }
+    return report_and_exit("internal error: ", what.c_str(), 1);
   }
   return 0;
 }
