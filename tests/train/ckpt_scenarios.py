@@ -3,7 +3,7 @@
 
     ckpt_scenarios.py SCENARIO --bin MFSDP --fx FIXTURE_DIR --mpirun "mpirun --oversubscribe ..."
 
-Scenarios: exact, reshard, tp, kill, corrupt, diskfull, export, preempt, async.
+Scenarios: exact, reshard, tp, cp, kill, corrupt, diskfull, export, preempt, async.
 """
 import json
 import os
@@ -241,6 +241,24 @@ def scenario_tp():
         f"checkpoint.resume={bck}/step_00000010")
     same(rd, c, after=10, rtol=1e-5, what="-> tp 2 with sequence parallel, strategy 1")
     check_export(f"{ck}/step_00000020", "tp_export")
+
+
+def scenario_cp():
+    # Context parallel x FSDP checkpoints: exact resume in the same layout; cp 2 x dp_shard 2 -> one
+    # rank -> cp 2 x tp 2 (parameters are sharded over dp_shard x cp: CP changes only the layout).
+    cp = ("distributed.cp_size=2",)
+    rd, ck = reference("cp_a", 4, 3, extra=cp)
+    r2 = fresh(f"{A.work}/cp_a_resumed")
+    run(4, r2, "distributed.zero_dp_strategy=3", *cp, f"checkpoint.resume={ck}/step_00000010")
+    same(rd, r2, after=10, rtol=0.0, what="cp 2 x dp_shard 2, strategy 3: resume at step 10 (bit-exact)")
+    b, bck = fresh(f"{A.work}/cp_b"), fresh(f"{A.work}/cp_b.ckpt")
+    run(1, b, "distributed.zero_dp_strategy=0", f"checkpoint.resume={ck}/step_00000005", f"checkpoint.dir={bck}",
+        "checkpoint.save_every=5")
+    same(rd, b, after=5, rtol=1e-5, what="cp 2 x dp_shard 2 -> 1 rank, no_shard")
+    c = fresh(f"{A.work}/cp_c")
+    run(4, c, "distributed.zero_dp_strategy=2", "distributed.cp_size=2", "distributed.tp_size=2",
+        f"checkpoint.resume={bck}/step_00000010")
+    same(rd, c, after=10, rtol=1e-5, what="-> cp 2 x tp 2, strategy 2")
 
 
 def scenario_preempt():
