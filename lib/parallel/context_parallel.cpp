@@ -105,7 +105,9 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     }
     at::Tensor out = at::cat(outs, 2);
     ctx->save_for_backward({q, k, v});
-    ctx->saved_data["out"] = out;
+    // A detached alias: the returned tensor may be `out` itself (fp32), and a node holding its own
+    // output would be a reference cycle that leaks every step's activations.
+    ctx->saved_data["out"] = out.detach();
     ctx->saved_data["lse"] = at::cat(lses, 2);
     return out.to(q.scalar_type());
   }
