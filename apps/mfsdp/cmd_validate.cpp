@@ -9,6 +9,7 @@
 #include "model/model.h"
 #include "parallel/tensor_parallel.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 #include <filesystem>
 #include <map>
@@ -40,6 +41,27 @@ void print_parameter_layout(const Config& cfg, const MeshShape& shape) {
   model.find_units(cfg.distributed.megatron_fsdp_unit_modules, cfg.where("distributed.megatron_fsdp_unit_modules"));
   TpAssignment a = plan_tensor_parallel(model, cfg, shape.tp);
   std::printf("%s", describe_tp_assignment(model, a, shape.tp).c_str());
+  if (shape.cp > 1) {
+    std::vector<std::string> cores;
+    for (const auto& nm : model.module().named_modules())
+      for (const auto& p : cfg.distributed.core_attention_modules)
+        if (!nm.name.empty() && (p == unqualified_class_name(nm.value) || p == qualified_class_name(nm.value) ||
+                                 glob_match(p, nm.name))) {
+          cores.push_back(nm.name);
+          break;
+        }
+    const int64_t c = cfg.training.seq_length / (2 * shape.cp);
+    std::printf("context parallel: cp %lld: each sequence of %lld tokens is cut into %lld chunks of %lld; cp rank r holds "
+                "chunks r and %lld-r; attention core (%s): %s\n",
+                (long long)shape.cp, (long long)cfg.training.seq_length, (long long)(2 * shape.cp), (long long)c,
+                (long long)(2 * shape.cp - 1), join(cfg.distributed.core_attention_modules, ", ").c_str(),
+                cores.empty() ? "NO MODULE MATCHES: training would stop (model contract)"
+                              : (std::to_string(cores.size()) + " modules, " + cores.front() + " ...").c_str());
+    if (cores.empty())
+      throw ConfigError(cfg.where("distributed.core_attention_modules") + ": distributed.core_attention_modules [" +
+                        join(cfg.distributed.core_attention_modules, ", ") + "] matches no module of " + cfg.model.path +
+                        "; context parallelism replaces the attention core (README \"Model contract\")");
+  }
   const int strategy = int(cfg.distributed.zero_dp_strategy);
   const int64_t S = strategy == 0 ? 1 : shape.dp_shard * shape.cp;
   std::map<int, int64_t> bucket;  // unit (-1: outside units) -> elements per TP rank

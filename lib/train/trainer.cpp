@@ -297,11 +297,24 @@ class Trainer {
     try {
       engine_->pre_model_forward();
       logits = model_->forward(tokens, pos);
-    } catch (const c10::Error& e) {
-      std::string what = e.what_without_backtrace();
+    } catch (const UserError&) {
+      throw;
+    } catch (const std::exception& e) {  // c10::Error, or the interpreter's runtime_error
+      const auto* c10e = dynamic_cast<const c10::Error*>(&e);
+      std::string what = c10e ? c10e->what_without_backtrace() : e.what();
+      // The interpreter's message starts with its traceback; the reason is on the last lines.
+      if (!c10e) {
+        auto pos = what.find("RuntimeError: ");
+        if (pos != std::string::npos) what = what.substr(pos + 14);
+      }
       throw UserError(cfg_.model.path + ": forward(tokens [1, 2], position_ids [1, 2]) failed; the model must follow "
                       "the contract forward(tokens: int64 [B, T], position_ids: int64 [B, T]) -> logits [B, T, V]: " +
-                      what.substr(0, what.find('\n')));
+                      what.substr(0, what.find('\n')) +
+                      (shape_.tp > 1 ? fmt::format(" (with tp_size {} every rank holds 1/{} of each colwise output: the "
+                                                   "attention's head counts, key/value heads included, must be divisible "
+                                                   "by tp_size, and sizes must come from the projections' shapes)",
+                                                   shape_.tp, shape_.tp)
+                                     : std::string()));
     }
     if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != 2 || !logits.is_floating_point())
       throw UserError(fmt::format("{}: forward returned a tensor of shape [{}] and dtype {}; the model contract is "
