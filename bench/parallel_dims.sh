@@ -10,9 +10,8 @@ STEPS=${1:-12}
 MFSDP=${MFSDP:-build/bin/mfsdp}
 OUT=bench/results_parallel.md
 W=$(mktemp -d)
-cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/LGPL-3 \
-    /usr/share/common-licenses/MPL-2.0 /usr/share/common-licenses/GPL-2 > "$W/text.txt"
-"$MFSDP" prepare-data -i "$W/text.txt" -o "$W/data" > /dev/null
+source bench/lib.sh
+bench_text_data "$W" "$MFSDP"
 /usr/bin/python3 scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 512 \
   --out "$W/gpt.pt" > /dev/null
 common=(model.path=$W/gpt.pt data.train=$W/data data.valid_fraction=0 training.max_steps=$STEPS

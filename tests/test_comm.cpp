@@ -3,8 +3,7 @@
 // exact binary fractions) so that every dtype, bf16 included, must reproduce them exactly.
 #include <ATen/ATen.h>
 
-#define CATCH_CONFIG_RUNNER  // our main() initialises MPI around the Catch session
-#include "catch.h"
+#include "mpi_test_main.h"
 #include "comm/communicator.h"
 #include "comm/mpi_env.h"
 #include "mesh/process_groups.h"
@@ -14,12 +13,6 @@ using namespace mfsdp;
 namespace {
 
 const std::vector<at::ScalarType> kTypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf, at::kInt, at::kLong};
-
-std::unique_ptr<Communicator> world() {
-  MPI_Comm dup;
-  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-  return make_communicator(Backend::kMpi, dup, "world");
-}
 
 // Rank r's element i: (r + 1) * 2 + i % 5 -- distinct per rank, exact in every dtype.
 at::Tensor values(int64_t n, int r, at::ScalarType t, int64_t offset = 0) {
@@ -33,7 +26,7 @@ bool same(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 TEST_CASE("all_gather, every dtype") {
-  auto c = world();
+  auto c = test::world("world");
   const int n = c->size(), r = c->rank();
   for (auto t : kTypes) {
     INFO(c10::toString(t));
@@ -50,7 +43,7 @@ TEST_CASE("all_gather, every dtype") {
 }
 
 TEST_CASE("reduce_scatter sum/avg/max, every dtype") {
-  auto c = world();
+  auto c = test::world("world");
   const int n = c->size(), r = c->rank();
   for (auto t : kTypes) {
     INFO(c10::toString(t));
@@ -69,7 +62,7 @@ TEST_CASE("reduce_scatter sum/avg/max, every dtype") {
 }
 
 TEST_CASE("all_reduce sum/avg/max, every dtype") {
-  auto c = world();
+  auto c = test::world("world");
   const int n = c->size(), r = c->rank();
   for (auto t : kTypes) {
     INFO(c10::toString(t));
@@ -89,7 +82,7 @@ TEST_CASE("all_reduce sum/avg/max, every dtype") {
 }
 
 TEST_CASE("bf16 and fp16 sums are floating-point sums, not integer sums of the bit patterns") {
-  auto c = world();
+  auto c = test::world("world");
   const int n = c->size();
   for (auto t : {at::kBFloat16, at::kHalf}) {
     INFO(c10::toString(t));
@@ -104,7 +97,7 @@ TEST_CASE("bf16 and fp16 sums are floating-point sums, not integer sums of the b
 }
 
 TEST_CASE("broadcast from every root, every dtype") {
-  auto c = world();
+  auto c = test::world("world");
   for (auto t : kTypes) {
     for (int root = 0; root < c->size(); ++root) {
       auto x = values(9, c->rank(), t);
@@ -115,7 +108,7 @@ TEST_CASE("broadcast from every root, every dtype") {
 }
 
 TEST_CASE("async collectives: several in flight, completed by wait in any order") {
-  auto c = world();
+  auto c = test::world("world");
   const int n = c->size(), r = c->rank();
   std::vector<at::Tensor> bufs;
   std::vector<WorkHandle> works;
@@ -139,7 +132,7 @@ TEST_CASE("async collectives: several in flight, completed by wait in any order"
 }
 
 TEST_CASE("bad arguments are rejected with the communicator's name") {
-  auto c = world();
+  auto c = test::world("world");
   auto big = at::zeros({3 * c->size() + 1}, at::kFloat);
   auto small = at::zeros({3}, at::kFloat);
   CHECK_THROWS_WITH(c->all_gather(big, small), Catch::Contains("world.all_gather"));
@@ -170,12 +163,4 @@ TEST_CASE("process groups: one communicator per mesh group, reductions stay insi
     for (int m : mesh.group_ranks(group)) expected += m;
     CHECK(x[0].item<int64_t>() == expected);
   }
-}
-
-int main(int argc, char** argv) {
-  MpiEnv env(&argc, &argv);
-  int rc = Catch::Session().run(argc, argv);
-  // Any rank's failure fails the test on every rank (mpirun reports the first non-zero status).
-  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return rc;
 }

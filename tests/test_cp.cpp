@@ -4,8 +4,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
-#define CATCH_CONFIG_RUNNER  // our main() initialises MPI around the Catch session
-#include "catch.h"
+#include "mpi_test_main.h"
 #include "comm/communicator.h"
 #include "comm/mpi_env.h"
 #include "parallel/context_parallel.h"
@@ -13,12 +12,6 @@
 using namespace mfsdp;
 
 namespace {
-
-std::unique_ptr<Communicator> world() {
-  MPI_Comm dup;
-  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-  return make_communicator(Backend::kMpi, dup, "cp");
-}
 
 at::Tensor mine(const at::Tensor& x, int64_t r, int64_t C) {
   const int64_t c = x.size(2) / (2 * C);
@@ -38,7 +31,7 @@ double max_rel(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 TEST_CASE("context-parallel attention equals causal attention on the whole sequence") {
-  auto c = world();
+  auto c = test::world("cp");
   const int64_t C = c->size(), r = c->rank();
   set_cp_context(c.get());
   for (double amp : {1.0, 8.0}) {
@@ -64,7 +57,7 @@ TEST_CASE("context-parallel attention equals causal attention on the whole seque
 }
 
 TEST_CASE("bf16 inputs: fp32 inside, bf16 out and back") {
-  auto c = world();
+  auto c = test::world("cp");
   const int64_t C = c->size(), r = c->rank();
   set_cp_context(c.get());
   at::Generator gen = at::detail::createCPUGenerator(3);
@@ -76,11 +69,4 @@ TEST_CASE("bf16 inputs: fp32 inside, bf16 out and back") {
   CHECK(ql.grad().scalar_type() == at::kBFloat16);
   CHECK(max_rel(out.to(at::kFloat), mine(reference(q.to(at::kFloat), q.to(at::kFloat), q.to(at::kFloat)), r, C)) < 1e-2);
   set_cp_context(nullptr);
-}
-
-int main(int argc, char** argv) {
-  MpiEnv env(&argc, &argv);
-  int rc = Catch::Session().run(argc, argv);
-  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return rc;
 }

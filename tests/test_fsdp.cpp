@@ -4,8 +4,7 @@
 // Needs MFSDP_FIXTURE (the directory tests/train/fixture.sh fills).
 #include <ATen/ATen.h>
 
-#define CATCH_CONFIG_RUNNER
-#include "catch.h"
+#include "mpi_test_main.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
 #include "fsdp/engine.h"
@@ -87,11 +86,4 @@ TEST_CASE("optimizer before wrapping, parameters rebuilt after wrapping, weights
     engine->load_full_weights({{"ln_f.weight", at::zeros({64})}, {"ln_f.bias", at::zeros({64})}});
     CHECK(logits_of(model, *engine).abs().max().item<float>() == 0.0f);
   }
-}
-
-int main(int argc, char** argv) {
-  MpiEnv env(&argc, &argv);
-  int rc = Catch::Session().run(argc, argv);
-  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return rc;
 }

@@ -3,8 +3,7 @@
 // sequence all-gather / reduce-scatter put every rank's chunk where it belongs.
 #include <ATen/ATen.h>
 
-#define CATCH_CONFIG_RUNNER  // our main() initialises MPI around the Catch session
-#include "catch.h"
+#include "mpi_test_main.h"
 #include "comm/communicator.h"
 #include "comm/mpi_env.h"
 #include "parallel/tp_ops.h"
@@ -12,12 +11,6 @@
 using namespace mfsdp;
 
 namespace {
-
-std::unique_ptr<Communicator> world() {
-  MPI_Comm dup;
-  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-  return make_communicator(Backend::kMpi, dup, "tp");
-}
 
 struct Context {
   explicit Context(Communicator& c, bool sp = false) { set_tp_context(&c, sp); }
@@ -31,7 +24,7 @@ double max_rel(const at::Tensor& a, const at::Tensor& b) {
 }  // namespace
 
 TEST_CASE("vocab-parallel cross entropy equals the full-vocabulary loss") {
-  auto c = world();
+  auto c = test::world("tp");
   const int n = c->size(), r = c->rank();
   Context ctx(*c);
   const int64_t N = 37, V = 24 * 4;  // divisible by 1, 2 and 4 ranks
@@ -59,7 +52,7 @@ TEST_CASE("vocab-parallel cross entropy equals the full-vocabulary loss") {
 }
 
 TEST_CASE("bf16 logits: the loss is computed in fp32 and the gradient comes back in bf16") {
-  auto c = world();
+  auto c = test::world("tp");
   const int n = c->size(), r = c->rank();
   if (n == 1) return;  // the single-rank path is at::cross_entropy_loss itself
   Context ctx(*c);
@@ -77,7 +70,7 @@ TEST_CASE("bf16 logits: the loss is computed in fp32 and the gradient comes back
 }
 
 TEST_CASE("all_gather_dim and reduce_scatter_dim along the sequence") {
-  auto c = world();
+  auto c = test::world("tp");
   const int n = c->size(), r = c->rank();
   // [B=2, T=3, D=4] chunk per rank with values that say (rank, b, t, d).
   at::Tensor idx = at::arange(2 * 3 * 4, at::kFloat).view({2, 3, 4});
@@ -93,11 +86,4 @@ TEST_CASE("all_gather_dim and reduce_scatter_dim along the sequence") {
   at::Tensor rs = reduce_scatter_dim(*c, base * (r + 1), 1);
   const double total = n * (n + 1) / 2.0;
   CHECK(rs.equal(base.narrow(1, 3 * r, 3) * total));
-}
-
-int main(int argc, char** argv) {
-  MpiEnv env(&argc, &argv);
-  int rc = Catch::Session().run(argc, argv);
-  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  return rc;
 }

@@ -224,41 +224,36 @@ sys.exit(0 if err < 1e-5 and moved > 1e-3 else 1)
         fail("exported weights do not reproduce the model's logits in PyTorch")
 
 
-def scenario_tp():
-    # Tensor parallel x FSDP checkpoints: exact resume in the same layout, resharding to one rank
-    # without TP and back to TP with sequence parallel, export of a TP checkpoint.
-    tp = ("distributed.tp_size=2",)
-    rd, ck = reference("tp_a", 4, 3, extra=tp)
-    r2 = fresh(f"{A.work}/tp_a_resumed")
-    run(4, r2, "distributed.zero_dp_strategy=3", *tp, f"checkpoint.resume={ck}/step_00000010")
-    same(rd, r2, after=10, rtol=0.0, what="tp 2 x dp_shard 2, strategy 3: resume at step 10 (bit-exact)")
-    b, bck = fresh(f"{A.work}/tp_b"), fresh(f"{A.work}/tp_b.ckpt")
+def layout_round_trip(name, layout, label, np_c, args_c, label_c):
+    """A 4-rank strategy-3 run with `layout` saves every 5 steps; resuming it in the same layout is
+    bit-exact; it reshards to one rank without it (no_shard) and that, saved again, to `args_c`."""
+    rd, ck = reference(f"{name}_a", 4, 3, extra=layout)
+    r2 = fresh(f"{A.work}/{name}_a_resumed")
+    run(4, r2, "distributed.zero_dp_strategy=3", *layout, f"checkpoint.resume={ck}/step_00000010")
+    same(rd, r2, after=10, rtol=0.0, what=f"{label}, strategy 3: resume at step 10 (bit-exact)")
+    b, bck = fresh(f"{A.work}/{name}_b"), fresh(f"{A.work}/{name}_b.ckpt")
     run(1, b, "distributed.zero_dp_strategy=0", f"checkpoint.resume={ck}/step_00000005", f"checkpoint.dir={bck}",
         "checkpoint.save_every=5")
-    same(rd, b, after=5, rtol=1e-5, what="tp 2 x dp_shard 2 -> 1 rank without TP, no_shard")
-    c = fresh(f"{A.work}/tp_c")
-    run(2, c, "distributed.zero_dp_strategy=1", *tp, "distributed.sequence_parallel=true",
-        f"checkpoint.resume={bck}/step_00000010")
-    same(rd, c, after=10, rtol=1e-5, what="-> tp 2 with sequence parallel, strategy 1")
+    same(rd, b, after=5, rtol=1e-5, what=f"{label} -> 1 rank, no_shard")
+    c = fresh(f"{A.work}/{name}_c")
+    run(np_c, c, *args_c, f"checkpoint.resume={bck}/step_00000010")
+    same(rd, c, after=10, rtol=1e-5, what=f"-> {label_c}")
+    return ck
+
+
+def scenario_tp():
+    # Tensor-parallel slices are saved with their split; other layouts assemble and re-slice them.
+    ck = layout_round_trip("tp", ("distributed.tp_size=2",), "tp 2 x dp_shard 2", 2,
+                           ("distributed.zero_dp_strategy=1", "distributed.tp_size=2", "distributed.sequence_parallel=true"),
+                           "tp 2 with sequence parallel, strategy 1")
     check_export(f"{ck}/step_00000020", "tp_export")
 
 
 def scenario_cp():
-    # Context parallel x FSDP checkpoints: exact resume in the same layout; cp 2 x dp_shard 2 -> one
-    # rank -> cp 2 x tp 2 (parameters are sharded over dp_shard x cp: CP changes only the layout).
-    cp = ("distributed.cp_size=2",)
-    rd, ck = reference("cp_a", 4, 3, extra=cp)
-    r2 = fresh(f"{A.work}/cp_a_resumed")
-    run(4, r2, "distributed.zero_dp_strategy=3", *cp, f"checkpoint.resume={ck}/step_00000010")
-    same(rd, r2, after=10, rtol=0.0, what="cp 2 x dp_shard 2, strategy 3: resume at step 10 (bit-exact)")
-    b, bck = fresh(f"{A.work}/cp_b"), fresh(f"{A.work}/cp_b.ckpt")
-    run(1, b, "distributed.zero_dp_strategy=0", f"checkpoint.resume={ck}/step_00000005", f"checkpoint.dir={bck}",
-        "checkpoint.save_every=5")
-    same(rd, b, after=5, rtol=1e-5, what="cp 2 x dp_shard 2 -> 1 rank, no_shard")
-    c = fresh(f"{A.work}/cp_c")
-    run(4, c, "distributed.zero_dp_strategy=2", "distributed.cp_size=2", "distributed.tp_size=2",
-        f"checkpoint.resume={bck}/step_00000010")
-    same(rd, c, after=10, rtol=1e-5, what="-> cp 2 x tp 2, strategy 2")
+    # Parameters are sharded over dp_shard x cp: CP changes only the layout of the shards.
+    layout_round_trip("cp", ("distributed.cp_size=2",), "cp 2 x dp_shard 2", 4,
+                      ("distributed.zero_dp_strategy=2", "distributed.cp_size=2", "distributed.tp_size=2"),
+                      "cp 2 x tp 2, strategy 2")
 
 
 def scenario_preempt():

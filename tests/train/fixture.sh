@@ -22,20 +22,21 @@ echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
 export_model --arch llama --layers 1 --d-model 32 --heads 2 --vocab 264 --rope-buffer --out "$out/llama_rope_buffer.pt"
-cat > "$out/base.yaml" <<YAML
-# The parity tests' experiment: 20 steps, fp32, global batch 16 in micro-batches of 2.
+experiment="# The parity tests' experiment: 20 steps, fp32, global batch 16 in micro-batches of 2.
 run_dir: $out/run
-model: {path: $out/gpt.pt}
-distributed: {zero_dp_strategy: no_shard}
 data: {train: $out/licenses, valid_fraction: 0.05}
 training: {max_steps: 20, global_batch_size: 16, micro_batch_size: 2, seq_length: 32, log_every: 100, threads: 1}
 optimizer: {lr: 0.003}
 lr_scheduler: {warmup_steps: 3}
-logging: {peak_tflops: 1.0}
+logging: {peak_tflops: 1.0}"
+cat > "$out/base.yaml" <<YAML
+$experiment
+model: {path: $out/gpt.pt}
+distributed: {zero_dp_strategy: no_shard}
 YAML
 cat > "$out/foreign.yaml" <<YAML
 # The parity experiment of base.yaml on foreign.pt, with the model's tensor-parallel plan.
-run_dir: $out/run
+$experiment
 model: {path: $out/foreign.pt}
 distributed:
   zero_dp_strategy: no_shard
@@ -48,10 +49,5 @@ distributed:
     "layers.*.feed_forward.w2": rowwise
     "*norm": sequence_parallel
     output: colwise_rep
-data: {train: $out/licenses, valid_fraction: 0.05}
-training: {max_steps: 20, global_batch_size: 16, micro_batch_size: 2, seq_length: 32, log_every: 100, threads: 1}
-optimizer: {lr: 0.003}
-lr_scheduler: {warmup_steps: 3}
-logging: {peak_tflops: 1.0}
 YAML
 echo "fixture ready in $out"
