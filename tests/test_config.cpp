@@ -247,3 +247,34 @@ TEST_CASE("malformed: eod_mask_loss without eod_token") {
   expect_error("model: {path: m}\ndata:\n  train: d\n  eod_mask_loss: true\n", {"t.yaml:4:18", "data.eod_mask_loss", "eod_token"});
   expect_error("model: {path: m}\ndata:\n  train: d\n  eod_token: -1\n", {"t.yaml:4:14", "data.eod_token", ">= 0"});
 }
+
+TEST_CASE("tp_plan: an ordered mapping of globs to styles, with packed parts") {
+  Config c = load(kMinimal + "distributed:\n  tp_size: 2\n  tp_plan:\n    \"b.*.qkv\": colwise:3\n    \"b.*.o\": rowwise\n"
+                             "    emb: vocab_parallel\n    \"*\": colwise:64+32+32\n");
+  REQUIRE(c.distributed.tp_plan);
+  const auto& plan = *c.distributed.tp_plan;
+  REQUIRE(plan.size() == 4);
+  CHECK(plan[0] == std::make_pair(std::string("b.*.qkv"), std::string("colwise:3")));
+  CHECK(plan[3].first == "*");  // file order is kept: the first match wins
+  TpStyle st;
+  CHECK(parse_tp_style("colwise:64+32+32", st).empty());
+  CHECK(st.parts == std::vector<int64_t>{64, 32, 32});
+  CHECK(parse_tp_style("colwise:1", st).empty());
+  CHECK(st.parts.empty());
+  // It survives the YAML writer, and an override replaces it whole.
+  Config again = load(to_yaml(c));
+  CHECK(*again.distributed.tp_plan == plan);
+  Config o = load(kMinimal, {"distributed.tp_plan={lm_head: colwise_rep}"});
+  REQUIRE(o.distributed.tp_plan->size() == 1);
+  CHECK(!load(kMinimal).distributed.tp_plan);  // null: the model file's plan
+}
+
+TEST_CASE("malformed: tp_plan, sequence_parallel, core_attention_modules") {
+  expect_error(kMinimal + "distributed:\n  tp_plan: [a, b]\n", {"t.yaml:6:12", "distributed.tp_plan", "expected a mapping"});
+  expect_error(kMinimal + "distributed:\n  tp_plan:\n    a: colwize\n", {"t.yaml:7:8", "distributed.tp_plan.a", "expected a style", "'colwize'"});
+  expect_error(kMinimal + "distributed:\n  tp_plan:\n    a: rowwise:2\n", {"t.yaml:7:8", "only colwise takes packed parts"});
+  expect_error(kMinimal + "distributed:\n  tp_plan:\n    a: colwise:0+4\n", {"parts must be positive integers"});
+  expect_error(kMinimal + "distributed:\n  tp_plan:\n    a: colwise\n    a: rowwise\n", {"t.yaml:8:5", "duplicate"});
+  expect_error(kMinimal + "distributed:\n  sequence_parallel: true\n", {"t.yaml:6:22", "needs distributed.tp_size > 1"});
+  expect_error(kMinimal + "distributed:\n  core_attention_modules: []\n", {"t.yaml:6:27", "a non-empty list"});
+}
