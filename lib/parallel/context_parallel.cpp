@@ -35,31 +35,38 @@ struct Tag {
   ~Tag() { FlightRecorder::instance().set_tag(""); }
 };
 
-// The 2C global chunks of a [B, H, T/C, D] tensor's sequence, gathered from the CP group: rank s
-// holds global chunks s and 2C-1-s. Returns the gathered buffer [C, B, H, T/C, D] (rank-major, the
-// layout reduce-scatter returns to owners) and views of every global chunk in order.
+// Keys and values of the whole sequence, gathered from the CP group in one collective: rank s
+// holds global chunks s and 2C-1-s of each. `buffer` is [C, 2, B, H, T/C, D] (rank-major, the
+// layout a reduce-scatter returns to owners); k[j] and v[j] view global chunk j.
 struct Gathered {
   at::Tensor buffer;
-  std::vector<at::Tensor> chunks;
+  std::vector<at::Tensor> k, v;
 };
 
-Gathered gather_chunks(Communicator& c, const at::Tensor& x) {
-  const int64_t C = c.size(), Tl = x.size(2), half = Tl / 2;
-  at::Tensor in = x.contiguous();
+// Views of the 2C global chunks of a rank-major [C, 2, B, H, T/C, D] buffer, for keys (0) or values (1).
+std::vector<at::Tensor> chunk_views(const at::Tensor& buffer, int64_t which) {
+  const int64_t C = buffer.size(0), half = buffer.size(4) / 2;
+  std::vector<at::Tensor> chunks(size_t(2 * C));
+  for (int64_t s = 0; s < C; ++s) {
+    chunks[size_t(s)] = buffer[s][which].narrow(2, 0, half);
+    chunks[size_t(2 * C - 1 - s)] = buffer[s][which].narrow(2, half, half);
+  }
+  return chunks;
+}
+
+Gathered gather_kv(Communicator& c, const at::Tensor& k, const at::Tensor& v) {
+  at::Tensor in = at::stack({k.to(at::kFloat), v.to(at::kFloat)});  // [2, B, H, T/C, D], contiguous
   Gathered g;
-  g.buffer = at::empty({C * in.numel()}, in.options());
+  g.buffer = at::empty({c.size() * in.numel()}, in.options());
   {
     Tag t("context-parallel all-gather of keys/values");
     c.all_gather(g.buffer, in.reshape({-1}));
   }
-  std::vector<int64_t> shape{C};
-  for (int64_t s : in.sizes()) shape.push_back(s);
+  std::vector<int64_t> shape{c.size()};
+  for (int64_t d : in.sizes()) shape.push_back(d);
   g.buffer = g.buffer.view(shape);
-  g.chunks.resize(size_t(2 * C));
-  for (int64_t s = 0; s < C; ++s) {
-    g.chunks[size_t(s)] = g.buffer[s].narrow(2, 0, half);
-    g.chunks[size_t(2 * C - 1 - s)] = g.buffer[s].narrow(2, half, half);
-  }
+  g.k = chunk_views(g.buffer, 0);
+  g.v = chunk_views(g.buffer, 1);
   return g;
 }
 
@@ -76,7 +83,7 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     const int64_t C = c.size(), r = c.rank(), Tl = q.size(2), half = Tl / 2;
     const double scale = 1.0 / std::sqrt(double(q.size(3)));
     at::Tensor qf = q.to(at::kFloat);
-    Gathered kg = gather_chunks(c, k.to(at::kFloat)), vg = gather_chunks(c, v.to(at::kFloat));
+    Gathered kv = gather_kv(c, k, v);
     at::Tensor bias = causal_bias(half, qf.options());
     std::vector<at::Tensor> outs, lses;
     for (int64_t a = 0; a < 2; ++a) {
@@ -84,12 +91,12 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
       at::Tensor qi = qf.narrow(2, a * half, half);
       at::Tensor m, l, acc;
       for (int64_t j = 0; j <= i; ++j) {
-        at::Tensor s = at::matmul(qi, kg.chunks[size_t(j)].transpose(-2, -1)).mul_(scale);
+        at::Tensor s = at::matmul(qi, kv.k[size_t(j)].transpose(-2, -1)).mul_(scale);
         if (j == i) s.add_(bias);
         at::Tensor bm = std::get<0>(s.max(-1));
         at::Tensor m_new = m.defined() ? at::maximum(m, bm) : bm;
         at::Tensor p = (s - m_new.unsqueeze(-1)).exp_();
-        at::Tensor pv = at::matmul(p, vg.chunks[size_t(j)]);
+        at::Tensor pv = at::matmul(p, kv.v[size_t(j)]);
         if (!m.defined()) {
           l = p.sum(-1);
           acc = pv;
@@ -121,17 +128,11 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
     at::Tensor dout = grads[0].to(at::kFloat);
     at::Tensor delta = (dout * out).sum(-1);  // rowsum(dO o O)
-    Gathered kg = gather_chunks(c, k.to(at::kFloat)), vg = gather_chunks(c, v.to(at::kFloat));
+    Gathered kv = gather_kv(c, k, v);
     // Gradients of every global key/value chunk, in the gathered (rank-major) layout, so that one
-    // reduce-scatter hands each owner the sum for its own chunks.
-    at::Tensor dk_all = at::zeros_like(kg.buffer), dv_all = at::zeros_like(vg.buffer);
-    std::vector<at::Tensor> dk_chunks(size_t(2 * C)), dv_chunks(size_t(2 * C));
-    for (int64_t s = 0; s < C; ++s) {
-      dk_chunks[size_t(s)] = dk_all[s].narrow(2, 0, half);
-      dk_chunks[size_t(2 * C - 1 - s)] = dk_all[s].narrow(2, half, half);
-      dv_chunks[size_t(s)] = dv_all[s].narrow(2, 0, half);
-      dv_chunks[size_t(2 * C - 1 - s)] = dv_all[s].narrow(2, half, half);
-    }
+    // reduce-scatter hands each owner the sums for its own chunks.
+    at::Tensor dkv_all = at::zeros_like(kv.buffer);
+    std::vector<at::Tensor> dk_chunks = chunk_views(dkv_all, 0), dv_chunks = chunk_views(dkv_all, 1);
     at::Tensor dq = at::zeros_like(qf);
     at::Tensor bias = causal_bias(half, qf.options());
     for (int64_t a = 0; a < 2; ++a) {
@@ -140,7 +141,7 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
       at::Tensor lsei = lse.narrow(2, a * half, half).unsqueeze(-1), di = delta.narrow(2, a * half, half).unsqueeze(-1);
       at::Tensor dqi = dq.narrow(2, a * half, half);
       for (int64_t j = 0; j <= i; ++j) {
-        const at::Tensor &kj = kg.chunks[size_t(j)], &vj = vg.chunks[size_t(j)];
+        const at::Tensor &kj = kv.k[size_t(j)], &vj = kv.v[size_t(j)];
         at::Tensor s = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
         if (j == i) s.add_(bias);
         at::Tensor p = (s - lsei).exp_();
@@ -150,13 +151,12 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
         dk_chunks[size_t(j)].add_(at::matmul(ds.transpose(-2, -1), qi), scale);
       }
     }
-    at::Tensor dk = at::empty(k.sizes(), qf.options()), dv = at::empty(v.sizes(), qf.options());
+    at::Tensor dkv = at::empty(kv.buffer.sizes().slice(1), qf.options());  // [2, B, H, T/C, D]
     {
       Tag t("context-parallel reduce-scatter of key/value gradients");
-      c.reduce_scatter(dk.view({-1}), dk_all.view({-1}), ReduceOp::kSum);
-      c.reduce_scatter(dv.view({-1}), dv_all.view({-1}), ReduceOp::kSum);
+      c.reduce_scatter(dkv.view({-1}), dkv_all.view({-1}), ReduceOp::kSum);
     }
-    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type())};
   }
 };
 
