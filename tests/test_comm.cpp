@@ -164,3 +164,26 @@ TEST_CASE("process groups: one communicator per mesh group, reductions stay insi
     CHECK(x[0].item<int64_t>() == expected);
   }
 }
+
+TEST_CASE("send_recv: a ring shift, every dtype, synchronous and overlapped") {
+  auto c = test::world("world");
+  const int n = c->size(), r = c->rank();
+  for (auto t : kTypes) {
+    INFO(c10::toString(t));
+    at::Tensor mine = values(9, r, t), got = at::empty({9}, mine.options());
+    c->send_recv(mine, (r + 1) % n, got, (r - 1 + n) % n);
+    CHECK(same(got, values(9, (r - 1 + n) % n, t)));
+  }
+  // Two exchanges in flight while the caller computes: both land.
+  at::Tensor a = values(1000, r, at::kFloat), b = values(10, r, at::kFloat, 3);
+  at::Tensor ra = at::empty_like(a), rb = at::empty_like(b);
+  auto w1 = c->send_recv_async(a, (r + 1) % n, ra, (r - 1 + n) % n);
+  auto w2 = c->send_recv_async(b, (r - 1 + n) % n, rb, (r + 1) % n);
+  at::Tensor busy = at::mm(at::ones({64, 64}), at::ones({64, 64}));
+  w1->wait();
+  w2->wait();
+  CHECK(same(ra, values(1000, (r - 1 + n) % n, at::kFloat)));
+  CHECK(same(rb, values(10, (r + 1) % n, at::kFloat, 3)));
+  CHECK(busy[0][0].item<float>() == 64.0f);
+  CHECK_THROWS_WITH(c->send_recv(a, n, ra, 0), Catch::Contains("not in a group of"));
+}

@@ -1,6 +1,7 @@
-// Context-parallel attention at 1, 2 and 4 ranks against plain causal attention on the whole
-// sequence: outputs and the gradients of q, k and v, each rank holding its two load-balanced
-// chunks (rank r: chunks r and 2cp-1-r). Large logits exercise the log-sum-exp merging.
+// Context-parallel attention at 1, 2 and 4 ranks, both ways of moving keys/values (all-gather and
+// the p2p ring), against plain causal attention on the whole sequence: outputs and the gradients
+// of q, k and v, each rank holding its two load-balanced chunks (rank r: chunks r and 2cp-1-r).
+// Large logits exercise the log-sum-exp merging.
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
@@ -30,12 +31,13 @@ double max_rel(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("context-parallel attention equals causal attention on the whole sequence") {
+TEST_CASE("context-parallel attention (all-gather and ring) equals causal attention on the whole sequence") {
   auto c = test::world("cp");
   const int64_t C = c->size(), r = c->rank();
-  set_cp_context(c.get());
+  for (bool ring : {false, true})
   for (double amp : {1.0, 8.0}) {
-    INFO("ranks " << C << ", amplitude " << amp);
+    set_cp_context(c.get(), ring);
+    INFO("ranks " << C << ", amplitude " << amp << (ring ? ", ring (p2p)" : ", all-gather"));
     at::Generator gen = at::detail::createCPUGenerator(11);
     const int64_t B = 2, H = 3, T = 8 * 4, D = 16;
     at::Tensor q = at::randn({B, H, T, D}, gen, at::kFloat) * amp, k = at::randn({B, H, T, D}, gen, at::kFloat) * amp;

@@ -51,6 +51,10 @@ class Communicator {
   // In place.
   virtual WorkHandle all_reduce_async(const at::Tensor& t, ReduceOp op) = 0;
   virtual WorkHandle broadcast_async(const at::Tensor& t, int root) = 0;
+  // Point-to-point: sends `send` to group rank `dst` while receiving `recv` (same element count and
+  // dtype as the peer's send) from group rank `src` -- one step of a ring when dst = rank + 1 and
+  // src = rank - 1 on every member.
+  virtual WorkHandle send_recv_async(const at::Tensor& send, int dst, const at::Tensor& recv, int src) = 0;
   virtual WorkHandle barrier_async() = 0;
 
   void all_gather(const at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in)->wait(); }
@@ -59,6 +63,9 @@ class Communicator {
   }
   void all_reduce(const at::Tensor& t, ReduceOp op) { all_reduce_async(t, op)->wait(); }
   void broadcast(const at::Tensor& t, int root) { broadcast_async(t, root)->wait(); }
+  void send_recv(const at::Tensor& send, int dst, const at::Tensor& recv, int src) {
+    send_recv_async(send, dst, recv, src)->wait();
+  }
   void barrier() { barrier_async()->wait(); }
 
  protected:

@@ -159,6 +159,32 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  WorkHandle send_recv_async(const at::Tensor& send, int dst, const at::Tensor& recv, int src) override {
+    check_tensor(send, "the sent", "send_recv");
+    check_tensor(recv, "the received", "send_recv");
+    check_cpu(send, "send_recv");
+    check_cpu(recv, "send_recv");
+    if (dst < 0 || dst >= size() || src < 0 || src >= size())
+      throw std::invalid_argument(name() + ".send_recv: peers " + std::to_string(dst) + "/" + std::to_string(src) +
+                                  " are not in a group of " + std::to_string(size()));
+    if (send.scalar_type() != recv.scalar_type())
+      throw std::invalid_argument(name() + ".send_recv: sent and received dtypes differ");
+    if (dst == rank() && src == rank()) {
+      if (recv.data_ptr() != send.data_ptr()) recv.copy_(send);
+      return done();
+    }
+    auto dt = mpi_type(send.scalar_type());
+    int ns = static_cast<int>(send.numel()), nr = static_cast<int>(recv.numel());
+    return submit("send_recv", send.numel(), send.scalar_type(), [=] {
+      constexpr int kTag = 7301;
+      MPI_Request reqs[2];
+      check(MPI_Irecv(recv.data_ptr(), nr, dt, src, kTag, comm_, &reqs[0]), "MPI_Irecv");
+      check(MPI_Isend(send.data_ptr(), ns, dt, dst, kTag, comm_, &reqs[1]), "MPI_Isend");
+      wait_mpi_request(reqs[0], "send_recv (receive)");
+      wait_mpi_request(reqs[1], "send_recv (send)");
+    });
+  }
+
   WorkHandle barrier_async() override {
     if (size() == 1) return done();
     return submit("barrier", 0, at::kByte, [=] {

@@ -116,6 +116,20 @@ class NcclCommunicator final : public Communicator {
                  name() + ": ncclBroadcast");
     });
   }
+  WorkHandle send_recv_async(const at::Tensor& send, int dst, const at::Tensor& recv, int src) override {
+    check_tensor(send, "the sent", "send_recv");
+    check_tensor(recv, "the received", "send_recv");
+    check_cuda(send, "send_recv");
+    check_cuda(recv, "send_recv");
+    return launch([&] {
+      nccl_check(ncclGroupStart(), name() + ": ncclGroupStart");
+      nccl_check(ncclSend(send.data_ptr(), send.numel(), nccl_type(send.scalar_type()), dst, comm_, stream_),
+                 name() + ": ncclSend");
+      nccl_check(ncclRecv(recv.data_ptr(), recv.numel(), nccl_type(recv.scalar_type()), src, comm_, stream_),
+                 name() + ": ncclRecv");
+      nccl_check(ncclGroupEnd(), name() + ": ncclGroupEnd");
+    });
+  }
   WorkHandle barrier_async() override {
     // NCCL has no barrier: a one-element all-reduce orders every member, as c10d does.
     auto dummy = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));

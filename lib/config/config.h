@@ -50,6 +50,10 @@ struct DistributedConfig {
   // Context parallelism replaces the calls of these modules (class names or module-path globs),
   // the model's attention core forward(q, k, v) on [B, heads, T, head_dim].
   std::vector<std::string> core_attention_modules = {"CoreAttention"};
+  // How keys and values reach the other CP ranks (Transformer Engine's cp_comm_type names):
+  // all_gather (whole sequence at once) or p2p (a ring of point-to-point exchanges overlapped
+  // with the block computations).
+  std::string cp_comm_type = "all_gather";
 
   // --- MegatronFSDPConfig (16 fields) ---
   std::optional<std::vector<std::string>> megatron_fsdp_unit_modules;  // null: auto-detect

@@ -56,6 +56,7 @@ void describe(Config& c, V& v) {
     v.field("cp_size", d.cp_size, at_least<int64_t>(1));
     v.field("tp_plan", d.tp_plan);
     v.field("sequence_parallel", d.sequence_parallel);
+    v.field("cp_comm_type", d.cp_comm_type, one_of({"all_gather", "p2p"}));
     v.field("core_attention_modules", d.core_attention_modules, Check<std::vector<std::string>>([](const std::vector<std::string>& v) {
               return v.empty() ? std::string("a non-empty list of class names or module-path globs") : std::string();
             }));

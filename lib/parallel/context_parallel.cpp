@@ -26,6 +26,7 @@ namespace mfsdp {
 namespace {
 
 std::atomic<Communicator*> g_cp{nullptr};
+std::atomic<bool> g_ring{false};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -160,6 +161,122 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
   }
 };
 
+// Online-softmax accumulator of one local query chunk: running max, sum of exponentials, and the
+// unnormalised output; blocks may arrive in any order.
+struct Accumulator {
+  at::Tensor m, l, acc;
+  void add(const at::Tensor& s, const at::Tensor& v) {
+    at::Tensor bm = std::get<0>(s.max(-1));
+    at::Tensor m_new = m.defined() ? at::maximum(m, bm) : bm;
+    at::Tensor p = (s - m_new.unsqueeze(-1)).exp_();
+    at::Tensor pv = at::matmul(p, v);
+    if (!m.defined()) {
+      l = p.sum(-1);
+      acc = pv;
+    } else {
+      at::Tensor corr = (m - m_new).exp_();
+      l = l * corr + p.sum(-1);
+      acc = acc * corr.unsqueeze(-1) + pv;
+    }
+    m = m_new;
+  }
+};
+
+// The ring (cp_comm_type p2p). Step t computes on the keys/values that rank r - t holds (its
+// chunks r-t and 2C-1-(r-t)) while those of rank r - t - 1 arrive; a block is skipped when its
+// key chunk lies after the query chunk (the causal mask), so every rank does 2C + 1 blocks.
+struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    Communicator& c = *g_cp.load();
+    const int64_t C = c.size(), r = c.rank(), half = q.size(2) / 2;
+    const int next = int((r + 1) % C), prev = int((r + C - 1) % C);
+    const double scale = 1.0 / std::sqrt(double(q.size(3)));
+    at::Tensor qf = q.to(at::kFloat);
+    at::Tensor cur = at::stack({k.to(at::kFloat), v.to(at::kFloat)});  // [2, B, H, T/C, D]
+    at::Tensor bias = causal_bias(half, qf.options());
+    Accumulator acc[2];
+    for (int64_t t = 0; t < C; ++t) {
+      const int64_t src = (r - t + C) % C;
+      at::Tensor incoming;
+      WorkHandle w;
+      if (t + 1 < C) {  // the next step's keys/values travel while this step computes
+        incoming = at::empty_like(cur);
+        Tag tag("context-parallel ring exchange of keys/values");
+        w = c.send_recv_async(cur, next, incoming, prev);
+      }
+      for (int64_t a = 0; a < 2; ++a) {
+        const int64_t i = global_chunk(a, r, C);
+        at::Tensor qi = qf.narrow(2, a * half, half);
+        for (int64_t b = 0; b < 2; ++b) {
+          const int64_t j = global_chunk(b, src, C);
+          if (j > i) continue;
+          at::Tensor s = at::matmul(qi, cur[0].narrow(2, b * half, half).transpose(-2, -1)).mul_(scale);
+          if (j == i) s.add_(bias);
+          acc[a].add(s, cur[1].narrow(2, b * half, half));
+        }
+      }
+      if (w) {
+        w->wait();
+        cur = incoming;
+      }
+    }
+    at::Tensor out = at::cat({acc[0].acc / acc[0].l.unsqueeze(-1), acc[1].acc / acc[1].l.unsqueeze(-1)}, 2);
+    ctx->save_for_backward({q, k, v});
+    ctx->saved_data["out"] = out.detach();  // see CpAttention: never hold the returned tensor itself
+    ctx->saved_data["lse"] = at::cat({acc[0].m + acc[0].l.log(), acc[1].m + acc[1].l.log()}, 2);
+    return out.to(q.scalar_type());
+  }
+
+  // The keys/values travel with their gradient accumulators: after step t the bundle of rank
+  // r - t moves on to r + 1, so after C steps every accumulator is back with its owner.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Communicator& c = *g_cp.load();
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
+    const int64_t C = c.size(), r = c.rank(), half = q.size(2) / 2;
+    const int next = int((r + 1) % C), prev = int((r + C - 1) % C);
+    const double scale = 1.0 / std::sqrt(double(q.size(3)));
+    at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
+    at::Tensor dout = grads[0].to(at::kFloat);
+    at::Tensor delta = (dout * out).sum(-1);
+    // bundle[0] = keys/values [2, B, H, T/C, D], bundle[1] = their gradients so far.
+    at::Tensor bundle = at::stack({at::stack({k.to(at::kFloat), v.to(at::kFloat)}), at::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, qf.options())});
+    at::Tensor dq = at::zeros_like(qf);
+    at::Tensor bias = causal_bias(half, qf.options());
+    for (int64_t t = 0; t < C; ++t) {
+      const int64_t src = (r - t + C) % C;
+      at::Tensor kv = bundle[0], dkv = bundle[1];
+      for (int64_t a = 0; a < 2; ++a) {
+        const int64_t i = global_chunk(a, r, C);
+        at::Tensor qi = qf.narrow(2, a * half, half), doi = dout.narrow(2, a * half, half);
+        at::Tensor lsei = lse.narrow(2, a * half, half).unsqueeze(-1), di = delta.narrow(2, a * half, half).unsqueeze(-1);
+        at::Tensor dqi = dq.narrow(2, a * half, half);
+        for (int64_t b = 0; b < 2; ++b) {
+          const int64_t j = global_chunk(b, src, C);
+          if (j > i) continue;
+          at::Tensor kj = kv[0].narrow(2, b * half, half), vj = kv[1].narrow(2, b * half, half);
+          at::Tensor s = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
+          if (j == i) s.add_(bias);
+          at::Tensor p = (s - lsei).exp_();
+          dkv[1].narrow(2, b * half, half).add_(at::matmul(p.transpose(-2, -1), doi));
+          at::Tensor ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - di);
+          dqi.add_(at::matmul(ds, kj), scale);
+          dkv[0].narrow(2, b * half, half).add_(at::matmul(ds.transpose(-2, -1), qi), scale);
+        }
+      }
+      if (C == 1) break;
+      at::Tensor incoming = at::empty_like(bundle);
+      {
+        Tag tag("context-parallel ring exchange of keys/values and their gradients");
+        c.send_recv(bundle, next, incoming, prev);
+      }
+      bundle = incoming;
+    }
+    at::Tensor dkv = bundle[1];  // home again: the gradients of this rank's own chunks
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type())};
+  }
+};
+
 // Plain causal attention (no CP group): what the replaced core computes, for cp_attention's
 // callers without a group (tests) and for inference below autograd.
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -209,7 +326,7 @@ class ContextParallelImpl final : public ContextParallel {
     if (replaced_ == 0)
       throw ConfigError(cfg.where("distributed.core_attention_modules") + ": the attention-core modules (" +
                         core_paths_.front() + ", ...) are never called through their forward in the model's graphs");
-    set_cp_context(&cp_);
+    set_cp_context(&cp_, cfg.distributed.cp_comm_type == "p2p");
   }
   ~ContextParallelImpl() override {
     if (active_) set_cp_context(nullptr);
@@ -227,11 +344,13 @@ class ContextParallelImpl final : public ContextParallel {
   std::string describe() const override {
     if (!active_) return "";
     return fmt::format("context parallel: cp_size {}, rank {} holds sequence chunks {} and {} of {} ({} tokens each); {} "
-                       "attention-core calls replaced (module {}{}): keys/values all-gathered, blockwise causal attention "
-                       "with log-sum-exp merging, key/value gradients reduce-scattered",
+                       "attention-core calls replaced (module {}{}): {}, blockwise causal attention with log-sum-exp merging",
                        cp_.size(), cp_.rank(), cp_.rank(), 2 * cp_.size() - 1 - cp_.rank(), 2 * cp_.size(),
                        cfg_.training.seq_length / (2 * cp_.size()), replaced_, core_paths_.front(),
-                       core_paths_.size() > 1 ? fmt::format(" and {} more", core_paths_.size() - 1) : "");
+                       core_paths_.size() > 1 ? fmt::format(" and {} more", core_paths_.size() - 1) : "",
+                       cfg_.distributed.cp_comm_type == "p2p"
+                           ? "keys/values passed around a ring (overlapped with the blocks), their gradients riding along"
+                           : "keys/values all-gathered, their gradients reduce-scattered");
   }
 
  private:
@@ -269,7 +388,10 @@ class ContextParallelImpl final : public ContextParallel {
 
 }  // namespace
 
-void set_cp_context(Communicator* cp) { g_cp.store(cp); }
+void set_cp_context(Communicator* cp, bool ring) {
+  g_cp.store(cp);
+  g_ring.store(ring);
+}
 
 at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   Communicator* c = g_cp.load();
@@ -279,7 +401,7 @@ at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tens
                                 "got [{}], [{}], [{}] (repeat key/value heads before the core for grouped-query attention)",
                                 fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", ")));
   if (q.size(2) % 2 != 0) throw UserError("context parallel attention: the local sequence must hold two equal chunks");
-  return CpAttention::apply(q, k, v);
+  return g_ring.load() ? RingCpAttention::apply(q, k, v) : CpAttention::apply(q, k, v);
 }
 
 std::unique_ptr<ContextParallel> apply_context_parallel(Model& model, const Config& cfg, ProcessGroups& pg) {

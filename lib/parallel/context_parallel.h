@@ -7,12 +7,17 @@
 // position ids); everything outside attention is per token and needs nothing else.
 //
 // Attention (mfsdp::cp_attention(q, k, v) on [B, H, T/cp, D], replacing each call of a core-
-// attention module, DESIGN.md section 4): keys and values of the whole sequence are all-gathered
-// over the CP group; each local query chunk runs over the key chunks at or before it, block by
-// block, merging partial results by log-sum-exp (no [T, T] score matrix exists; at most c x c per
-// block), with the causal mask on global positions in the diagonal block. Backward recomputes the
-// blocks from the saved log-sum-exp (flash-attention style), gathers keys and values again, and
-// reduce-scatters their gradients back to their owners.
+// attention module, DESIGN.md section 4): each local query chunk runs over the key chunks at or
+// before it, block by block, merging partial results by log-sum-exp (no [T, T] score matrix
+// exists; at most c x c per block), with the causal mask on global positions in the diagonal
+// block. Backward recomputes the blocks from the saved log-sum-exp (flash-attention style).
+// Keys and values reach the other ranks in one of two ways (distributed.cp_comm_type):
+//   all_gather  the whole sequence's keys/values at once (one collective; O(T) per rank while the
+//               layer runs); backward gathers them again and reduce-scatters their gradients.
+//   p2p         a ring: cp steps, each computing on the keys/values of one rank while the next
+//               rank's travel (send to r+1, receive from r-1, overlapped); O(T/cp) per rank.
+//               Backward passes the keys/values around with their gradient accumulators, which
+//               arrive home after the last step.
 #pragma once
 #include <memory>
 #include <string>
@@ -45,7 +50,7 @@ std::unique_ptr<ContextParallel> apply_context_parallel(Model& model, const Conf
 // The attention itself (for tests too): q, k, v are this rank's chunks [B, H, T/cp, D] of the
 // group set by set_cp_context (nullptr: plain causal attention on the local tensors).
 class Communicator;
-void set_cp_context(Communicator* cp);
+void set_cp_context(Communicator* cp, bool ring = false);
 at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 }  // namespace mfsdp
