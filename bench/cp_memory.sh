@@ -4,7 +4,8 @@
 #   bench/cp_memory.sh [BUDGET_MIB] [STEPS]
 # Rows: cp 1 with the model's own attention core (what runs without CP), cp 1 with mfsdp's blockwise
 # attention (measurement knob MFSDP_CP_ATTENTION_AT_CP1=1: what the algorithm alone saves), cp 2 and
-# cp 4 (what splitting the sequence saves on top). Global batch 1 sequence, so every rank of a run
+# cp 4 (what splitting the sequence saves on top), each with keys/values all-gathered and passed
+# around the p2p ring (distributed.cp_comm_type). Global batch 1 sequence, so every rank of a run
 # holds 1/cp of the same tokens; FSDP strategy 3 over the same ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,14 +22,16 @@ common=(model.path=$W/gpt.pt data.train=$W/data data.valid_fraction=0 data.shuff
         training.micro_batch_size=1 training.global_batch_size=1 training.threads=1 training.eval_every=0
         training.log_every=1000 lr_scheduler.warmup_steps=0 distributed.zero_dp_strategy=3 logging.peak_tflops=1)
 budget_kib=$((BUDGET_MIB * 1024))
-# name np seq [env...] -> "status peak_rss_mib median_ms loss1"
+# name np seq [env...] -- [overrides...] -> "status peak_rss_mib median_ms loss1"
 run() {
   local name=$1 np=$2 seq=$3; shift 3
-  local status=ok
-  env "$@" mpirun --oversubscribe --allow-run-as-root -np "$np" bash -c "ulimit -v $budget_kib; exec \"\$0\" \"\$@\"" \
-    "$MFSDP" train "${common[@]}" training.seq_length=$seq distributed.cp_size=$np run_dir=$W/$name \
+  local envs=() status=ok
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  env "${envs[@]}" mpirun --oversubscribe --allow-run-as-root -np "$np" bash -c "ulimit -v $budget_kib; exec \"\$0\" \"\$@\"" \
+    "$MFSDP" train "${common[@]}" training.seq_length=$seq distributed.cp_size=$np run_dir=$W/$name "$@" \
     > "$W/$name.log" 2>&1 || status=OOM
-  if [ $status = OOM ] && ! grep -q "allocate\|memory" "$W/$name.log"; then cat "$W/$name.log" >&2; exit 1; fi
+  if [ $status = OOM ] && ! grep -q "error: out of memory" "$W/$name.log"; then cat "$W/$name.log" >&2; exit 1; fi
   if [ $status = ok ]; then
     python3 - "$W/$name/metrics.jsonl" <<'PY'
 import json, statistics, sys
@@ -40,12 +43,13 @@ PY
     echo "out-of-memory - - -"
   fi
 }
-read -r _ base_rss _ _ <<< "$(run base_cp1 1 128)"
+read -r _ base_rss _ _ <<< "$(run base_cp1 1 128 --)"
 rows=()
 for seq in 4096 6144 8192; do
-  for spec in "1:model core:" "1:blockwise:MFSDP_CP_ATTENTION_AT_CP1=1" "2:blockwise:" "4:blockwise:"; do
-    IFS=: read -r cp kind envs <<< "$spec"
-    read -r status rss ms loss <<< "$(run t${seq}_cp${cp}_${kind// /_} "$cp" "$seq" $envs)"
+  for spec in "1:model core::" "1:blockwise::MFSDP_CP_ATTENTION_AT_CP1=1" "2:all_gather:all_gather:" "2:p2p ring:p2p:" \
+              "4:all_gather:all_gather:" "4:p2p ring:p2p:"; do
+    IFS=: read -r cp kind comm envs <<< "$spec"
+    read -r status rss ms loss <<< "$(run t${seq}_cp${cp}_${kind// /_} "$cp" "$seq" $envs -- ${comm:+distributed.cp_comm_type=$comm})"
     act=$([ "$rss" = - ] && echo - || echo $((rss - base_rss)))
     rows+=("| $seq | $cp | $kind | $status | $rss | $act | $ms | $loss |")
   done
