@@ -41,6 +41,7 @@ for spec in "dp_shard 4:" \
             "tp 2 x dp_shard 2:distributed.tp_size=2" \
             "tp 2 + SP x dp_shard 2:distributed.tp_size=2 distributed.sequence_parallel=true" \
             "cp 2 x dp_shard 2:distributed.cp_size=2" \
+            "cp 2 (p2p ring) x dp_shard 2:distributed.cp_size=2 distributed.cp_comm_type=p2p" \
             "tp 4:distributed.tp_size=4" \
             "cp 4:distributed.cp_size=4" \
             "cp 2 x tp 2 + SP:distributed.cp_size=2 distributed.tp_size=2 distributed.sequence_parallel=true"; do
