@@ -175,6 +175,24 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
       }
     }
   }
+  // A split parameter must be split for every module that uses it: a tied weight split by the
+  // output head's colwise is also the embedding's table, which then needs vocab_parallel.
+  for (size_t i = 0; i < n; ++i) {
+    if (a.split_dim[i] < 0) continue;
+    std::vector<std::string> names = model.params()[i].aliases;
+    names.insert(names.begin(), model.params()[i].name);
+    for (const auto& name : names) {
+      const std::string owner_path = name.substr(0, name.rfind('.'));
+      bool styled = false;
+      for (const auto& [path, style] : a.module_styles)
+        if (path == owner_path && style_splits_weight(style.kind)) styled = true;
+      if (!styled)
+        throw ConfigError(plan.source + ": parameter " + name + " is split by the style of module " + owner[i] + " (" +
+                          a.param_styles[i] + "), but module " + owner_path +
+                          " uses it too (tied) and has no splitting style in the plan; give it one (an embedding "
+                          "tied to a colwise output head: vocab_parallel)");
+    }
+  }
   for (size_t e = 0; e < plan.entries.size(); ++e)
     if (!used[e]) fail(e, "matches no module of " + model.path() + " (patterns are globs over full module paths). The "
                           "model's modules:\n" + model.module_tree());
