@@ -60,6 +60,19 @@ ResolvedPlan resolve_plan(const Model& model, const Config& cfg) {
   return r;
 }
 
+// The module path of `v` relative to the graph's `self`, when v is a chain of GetAttr from it.
+std::optional<std::string> attr_chain(Value* v, Value* self) {
+  std::vector<std::string> parts;
+  while (v != self) {
+    Node* node = v->node();
+    if (node->kind() != c10::prim::GetAttr) return std::nullopt;
+    parts.push_back(node->s(c10::attr::name));
+    v = node->input(0);
+  }
+  std::reverse(parts.begin(), parts.end());
+  return join(parts, ".");
+}
+
 std::string shape_str(const std::vector<int64_t>& s) { return "[" + fmt::format("{}", fmt::join(s, ", ")) + "]"; }
 
 bool style_splits_weight(const std::string& k) {
@@ -197,6 +210,37 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
     if (!used[e]) fail(e, "matches no module of " + model.path() + " (patterns are globs over full module paths). The "
                           "model's modules:\n" + model.module_tree());
   if (sp) {
+    // Outside units, modules the model's forward calls after the first unit (a final norm) also
+    // see sequence-split activations.
+    std::set<std::string> unit_paths;
+    for (const auto& u : model.units()) unit_paths.insert(u.path);
+    auto& fn = torch::jit::toGraphFunction(model.module().get_method("forward").function());
+    auto g = fn.graph();
+    bool after_units = false;
+    std::vector<std::string> unmarked_after;
+    for (Node* node : g->nodes()) {
+      if (node->kind() != c10::prim::CallMethod) continue;
+      auto rel = attr_chain(node->input(0), g->inputs()[0]);
+      if (!rel) continue;
+      bool is_unit_call = false;
+      for (const auto& u : unit_paths)
+        if (u == *rel || u.rfind(*rel + ".", 0) == 0) is_unit_call = true;  // a unit, or a container of units
+      if (is_unit_call) {
+        after_units = true;
+        continue;
+      }
+      if (!after_units) continue;
+      for (size_t i = 0; i < n; ++i) {
+        const auto& p = model.params()[i];
+        if (p.unit < 0 && a.split_dim[i] < 0 && !a.grad_sum[i] && p.name.rfind(*rel + ".", 0) == 0)
+          unmarked_after.push_back(p.name);
+      }
+    }
+    if (!unmarked_after.empty())
+      throw ConfigError(cfg.where("distributed.sequence_parallel") +
+                        ": distributed.sequence_parallel: these parameters belong to modules called after the units, "
+                        "on sequence-split activations, and no plan entry says how: " + join(unmarked_after, ", ") +
+                        ". Mark their modules (the final norm) sequence_parallel in the plan (" + plan.source + ")");
     // Inside units, a replicated parameter sees this rank's part of the sequence only; its gradient
     // is right only when summed across TP. Ask for it explicitly rather than guess.
     std::vector<std::string> unmarked;
@@ -232,19 +276,6 @@ std::string describe_tp_assignment(const Model& model, const TpAssignment& a, in
 }
 
 namespace {
-
-// The module path of `v` relative to the graph's `self`, when v is a chain of GetAttr from it.
-std::optional<std::string> attr_chain(Value* v, Value* self) {
-  std::vector<std::string> parts;
-  while (v != self) {
-    Node* node = v->node();
-    if (node->kind() != c10::prim::GetAttr) return std::nullopt;
-    parts.push_back(node->s(c10::attr::name));
-    v = node->input(0);
-  }
-  std::reverse(parts.begin(), parts.end());
-  return join(parts, ".");
-}
 
 std::string child_path(const std::string& parent, const std::string& rel) {
   return parent.empty() ? rel : rel.empty() ? parent : parent + "." + rel;
