@@ -210,6 +210,17 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
     if (!used[e]) fail(e, "matches no module of " + model.path() + " (patterns are globs over full module paths). The "
                           "model's modules:\n" + model.module_tree());
   if (sp) {
+    // Inside units, a replicated parameter sees this rank's part of the sequence only; its gradient
+    // is right only when summed across TP. Ask for it explicitly rather than guess.
+    std::vector<std::string> unmarked;
+    for (size_t i = 0; i < n; ++i)
+      if (model.params()[i].unit >= 0 && a.split_dim[i] < 0 && !a.grad_sum[i]) unmarked.push_back(model.params()[i].name);
+    if (!unmarked.empty())
+      throw ConfigError(cfg.where("distributed.sequence_parallel") +
+                        ": distributed.sequence_parallel: these parameters are replicated across tensor-parallel ranks "
+                        "inside units, where activations are split along the sequence, and no plan entry says how: " +
+                        join(unmarked, ", ") + ". Mark their modules (norms) sequence_parallel in the plan (" +
+                        plan.source + ")");
     // Outside units, modules the model's forward calls after the first unit (a final norm) also
     // see sequence-split activations.
     std::set<std::string> unit_paths;
@@ -241,17 +252,6 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
                         ": distributed.sequence_parallel: these parameters belong to modules called after the units, "
                         "on sequence-split activations, and no plan entry says how: " + join(unmarked_after, ", ") +
                         ". Mark their modules (the final norm) sequence_parallel in the plan (" + plan.source + ")");
-    // Inside units, a replicated parameter sees this rank's part of the sequence only; its gradient
-    // is right only when summed across TP. Ask for it explicitly rather than guess.
-    std::vector<std::string> unmarked;
-    for (size_t i = 0; i < n; ++i)
-      if (model.params()[i].unit >= 0 && a.split_dim[i] < 0 && !a.grad_sum[i]) unmarked.push_back(model.params()[i].name);
-    if (!unmarked.empty())
-      throw ConfigError(cfg.where("distributed.sequence_parallel") +
-                        ": distributed.sequence_parallel: these parameters are replicated across tensor-parallel ranks "
-                        "inside units, where activations are split along the sequence, and no plan entry says how: " +
-                        join(unmarked, ", ") + ". Mark their modules (norms) sequence_parallel in the plan (" +
-                        plan.source + ")");
   }
   return a;
 }
