@@ -120,7 +120,7 @@ void Model::cast(at::ScalarType dtype) {
 
 int64_t Model::num_params() const {
   int64_t n = 0;
-  for (const auto& p : params_) n += p.tensor.numel();
+  for (const auto& p : params_) n += p.global_numel();  // whole tensors, also after a TP split
   return n;
 }
 
@@ -134,7 +134,7 @@ int64_t Model::num_embedding_params() const {
     for (const auto& name : [&] { auto v = p.aliases; v.push_back(p.name); return v; }())
       for (const auto& pre : emb_prefixes)
         if (name.rfind(pre, 0) == 0) is_emb = true;
-    if (is_emb) n += p.tensor.numel();
+    if (is_emb) n += p.global_numel();
   }
   return n;
 }
