@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -221,32 +222,42 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
                         "inside units, where activations are split along the sequence, and no plan entry says how: " +
                         join(unmarked, ", ") + ". Mark their modules (norms) sequence_parallel in the plan (" +
                         plan.source + ")");
-    // Outside units, modules the model's forward calls after the first unit (a final norm) also
-    // see sequence-split activations.
-    std::set<std::string> unit_paths;
-    for (const auto& u : model.units()) unit_paths.insert(u.path);
-    auto& fn = torch::jit::toGraphFunction(model.module().get_method("forward").function());
-    auto g = fn.graph();
-    bool after_units = false;
+    // Outside units, modules called after the first unit (a final norm, also one inside a container
+    // of the units such as HF's `model.norm`) see sequence-split activations too. Walk the forward
+    // graphs in call order, descending into the containers of units.
+    std::vector<std::string> unit_paths;
+    for (const auto& u : model.units()) unit_paths.push_back(u.path);
     std::vector<std::string> unmarked_after;
-    for (Node* node : g->nodes()) {
-      if (node->kind() != c10::prim::CallMethod) continue;
-      auto rel = attr_chain(node->input(0), g->inputs()[0]);
-      if (!rel) continue;
-      bool is_unit_call = false;
-      for (const auto& u : unit_paths)
-        if (u == *rel || u.rfind(*rel + ".", 0) == 0) is_unit_call = true;  // a unit, or a container of units
-      if (is_unit_call) {
-        after_units = true;
-        continue;
+    bool after_units = false;
+    std::function<void(const std::string&, const torch::jit::Module&)> scan = [&](const std::string& path,
+                                                                                   const torch::jit::Module& m) {
+      if (!m.find_method("forward")) return;
+      auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
+      auto g = fn.graph();
+      for (Node* node : g->nodes()) {
+        if (node->kind() != c10::prim::CallMethod) continue;
+        auto rel = attr_chain(node->input(0), g->inputs()[0]);
+        if (!rel) continue;
+        const std::string target = path.empty() ? *rel : path + "." + *rel;
+        bool unit = false, container = false;
+        for (const auto& u : unit_paths) {
+          if (target == u || target.rfind(u + ".", 0) == 0) unit = true;
+          else if (u.rfind(target + ".", 0) == 0) container = true;
+        }
+        if (unit) {
+          after_units = true;
+        } else if (container) {
+          scan(target, submodule_at(model.module(), target));
+        } else if (after_units) {
+          for (size_t i = 0; i < n; ++i) {
+            const auto& p = model.params()[i];
+            if (p.unit < 0 && a.split_dim[i] < 0 && !a.grad_sum[i] && p.name.rfind(target + ".", 0) == 0)
+              unmarked_after.push_back(p.name);
+          }
+        }
       }
-      if (!after_units) continue;
-      for (size_t i = 0; i < n; ++i) {
-        const auto& p = model.params()[i];
-        if (p.unit < 0 && a.split_dim[i] < 0 && !a.grad_sum[i] && p.name.rfind(*rel + ".", 0) == 0)
-          unmarked_after.push_back(p.name);
-      }
-    }
+    };
+    scan("", model.module());
     if (!unmarked_after.empty())
       throw ConfigError(cfg.where("distributed.sequence_parallel") +
                         ": distributed.sequence_parallel: these parameters belong to modules called after the units, "

@@ -18,6 +18,7 @@ export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 
 # A model written apart from export_model.py, following only the README contract; its TP plan is
 # in foreign.yaml (fused q/k/v with unequal GQA parts, a colwise_rep output head).
 /usr/bin/python3 "$here/tests/train/foreign_model.py" "$out/foreign.pt"
+/usr/bin/python3 "$here/tests/train/foreign_model.py" "$out/foreign_hf.pt" --hf  # body under `model`, head at the root
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
@@ -49,5 +50,22 @@ distributed:
     "layers.*.feed_forward.w2": rowwise
     "*norm": sequence_parallel
     output: colwise_rep
+YAML
+cat > "$out/foreign_hf.yaml" <<YAML
+# The same on foreign_hf.pt: units and the final norm one level down (model.layers.N, model.norm).
+$experiment
+model: {path: $out/foreign_hf.pt}
+distributed:
+  zero_dp_strategy: no_shard
+  tp_plan:
+    model.embed_tokens: vocab_parallel
+    "model.layers.*.attention.wqkv": colwise:64+32+32
+    "model.layers.*.attention.wo": rowwise
+    "model.layers.*.feed_forward.w1": colwise
+    "model.layers.*.feed_forward.w3": colwise
+    "model.layers.*.feed_forward.w2": rowwise
+    "model.layers.*norm": sequence_parallel
+    model.norm: sequence_parallel
+    lm_head: colwise
 YAML
 echo "fixture ready in $out"

@@ -3,7 +3,10 @@
 README's model contract: torchtitan-style names, a fused q/k/v projection with grouped-query
 attention (unequal packed parts), no stored tensor-parallel plan (its plan lives in the test YAML).
 
-    foreign_model.py OUT.pt
+    foreign_model.py OUT.pt [--hf]
+
+--hf wraps it the Hugging Face way: the body under `model` (model.layers.N, model.norm) and the
+output head `lm_head` at the root, so that the units and the final norm sit one level down.
 """
 import sys
 
@@ -78,9 +81,32 @@ class Transformer(nn.Module):
         return self.output(self.norm(h))
 
 
+class HfCausalLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = HfBody()
+        self.lm_head = nn.Linear(64, 264, bias=False)
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model(tokens, position_ids))
+
+
+class HfBody(nn.Module):
+    def __init__(self):
+        super().__init__()
+        t = Transformer()
+        self.embed_tokens, self.embed_positions, self.layers, self.norm = t.tok_embeddings, t.pos_embeddings, t.layers, t.norm
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(tokens) + self.embed_positions(position_ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.norm(h)
+
+
 if __name__ == "__main__":
     torch.manual_seed(7)
-    model = Transformer()
+    model = HfCausalLM() if "--hf" in sys.argv[2:] else Transformer()
     for name, p in model.named_parameters():
         if p.dim() == 2:
             nn.init.normal_(p, 0.0, 0.02)
