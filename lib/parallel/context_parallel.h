@@ -16,8 +16,8 @@
 //               layer runs); backward gathers them again and reduce-scatters their gradients.
 //   p2p         a ring: cp steps, each computing on the keys/values of one rank while the next
 //               rank's travel (send to r+1, receive from r-1, overlapped); O(T/cp) per rank.
-//               Backward passes the keys/values around the same way and their gradient
-//               accumulators after them, which arrive home after the last step.
+//               Backward passes the keys/values around with their gradient accumulators (after
+//               each step's blocks), which arrive home after the last step.
 #pragma once
 #include <memory>
 #include <string>
