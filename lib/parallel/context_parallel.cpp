@@ -78,6 +78,44 @@ at::Tensor causal_bias(int64_t c, const at::TensorOptions& opt) {
   return at::full({c, c}, -std::numeric_limits<float>::infinity(), opt).triu(1);
 }
 
+// Online-softmax accumulator of one local query chunk: running max, sum of exponentials, and the
+// unnormalised output; blocks may arrive in any order.
+struct Accumulator {
+  at::Tensor m, l, acc;
+  void add(const at::Tensor& s, const at::Tensor& v) {
+    at::Tensor bm = std::get<0>(s.max(-1));
+    at::Tensor m_new = m.defined() ? at::maximum(m, bm) : bm;
+    at::Tensor p = (s - m_new.unsqueeze(-1)).exp_();
+    at::Tensor pv = at::matmul(p, v);
+    if (!m.defined()) {
+      l = p.sum(-1);
+      acc = pv;
+    } else {
+      at::Tensor corr = (m - m_new).exp_();
+      l = l * corr + p.sum(-1);
+      acc = acc * corr.unsqueeze(-1) + pv;
+    }
+    m = m_new;
+  }
+  at::Tensor output() const { return acc / l.unsqueeze(-1); }
+  at::Tensor lse() const { return m + l.log(); }
+};
+
+// The gradients of one block (query chunk qi against key chunk kj, `bias` the causal mask of a
+// diagonal block or undefined) from the saved log-sum-exp and delta = rowsum(dO o O):
+// dV_j += P^T dO_i, dQ_i += dS K_j / sqrt(d), dK_j += dS^T Q_i / sqrt(d), dS = P o (dO_i V_j^T - delta).
+void block_backward(const at::Tensor& qi, const at::Tensor& kj, const at::Tensor& vj, const at::Tensor& doi,
+                    const at::Tensor& lsei, const at::Tensor& di, const at::Tensor& bias, double scale, at::Tensor dqi,
+                    at::Tensor dkj, at::Tensor dvj) {
+  at::Tensor s = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
+  if (bias.defined()) s.add_(bias);
+  at::Tensor p = (s - lsei).exp_();
+  dvj.add_(at::matmul(p.transpose(-2, -1), doi));
+  at::Tensor ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - di);
+  dqi.add_(at::matmul(ds, kj), scale);
+  dkj.add_(at::matmul(ds.transpose(-2, -1), qi), scale);
+}
+
 struct CpAttention : public torch::autograd::Function<CpAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     Communicator& c = *g_cp.load();
@@ -86,37 +124,22 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     at::Tensor qf = q.to(at::kFloat);
     Gathered kv = gather_kv(c, k, v);
     at::Tensor bias = causal_bias(half, qf.options());
-    std::vector<at::Tensor> outs, lses;
+    Accumulator acc[2];
     for (int64_t a = 0; a < 2; ++a) {
       const int64_t i = global_chunk(a, r, C);
       at::Tensor qi = qf.narrow(2, a * half, half);
-      at::Tensor m, l, acc;
       for (int64_t j = 0; j <= i; ++j) {
         at::Tensor s = at::matmul(qi, kv.k[size_t(j)].transpose(-2, -1)).mul_(scale);
         if (j == i) s.add_(bias);
-        at::Tensor bm = std::get<0>(s.max(-1));
-        at::Tensor m_new = m.defined() ? at::maximum(m, bm) : bm;
-        at::Tensor p = (s - m_new.unsqueeze(-1)).exp_();
-        at::Tensor pv = at::matmul(p, kv.v[size_t(j)]);
-        if (!m.defined()) {
-          l = p.sum(-1);
-          acc = pv;
-        } else {
-          at::Tensor corr = (m - m_new).exp_();
-          l = l * corr + p.sum(-1);
-          acc = acc * corr.unsqueeze(-1) + pv;
-        }
-        m = m_new;
+        acc[a].add(s, kv.v[size_t(j)]);
       }
-      outs.push_back(acc / l.unsqueeze(-1));
-      lses.push_back(m + l.log());
     }
-    at::Tensor out = at::cat(outs, 2);
+    at::Tensor out = at::cat({acc[0].output(), acc[1].output()}, 2);
     ctx->save_for_backward({q, k, v});
     // A detached alias: the returned tensor may be `out` itself (fp32), and a node holding its own
     // output would be a reference cycle that leaks every step's activations.
     ctx->saved_data["out"] = out.detach();
-    ctx->saved_data["lse"] = at::cat(lses, 2);
+    ctx->saved_data["lse"] = at::cat({acc[0].lse(), acc[1].lse()}, 2);
     return out.to(q.scalar_type());
   }
 
@@ -141,16 +164,9 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
       at::Tensor qi = qf.narrow(2, a * half, half), doi = dout.narrow(2, a * half, half);
       at::Tensor lsei = lse.narrow(2, a * half, half).unsqueeze(-1), di = delta.narrow(2, a * half, half).unsqueeze(-1);
       at::Tensor dqi = dq.narrow(2, a * half, half);
-      for (int64_t j = 0; j <= i; ++j) {
-        const at::Tensor &kj = kv.k[size_t(j)], &vj = kv.v[size_t(j)];
-        at::Tensor s = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
-        if (j == i) s.add_(bias);
-        at::Tensor p = (s - lsei).exp_();
-        dv_chunks[size_t(j)].add_(at::matmul(p.transpose(-2, -1), doi));
-        at::Tensor ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - di);
-        dqi.add_(at::matmul(ds, kj), scale);
-        dk_chunks[size_t(j)].add_(at::matmul(ds.transpose(-2, -1), qi), scale);
-      }
+      for (int64_t j = 0; j <= i; ++j)
+        block_backward(qi, kv.k[size_t(j)], kv.v[size_t(j)], doi, lsei, di, j == i ? bias : at::Tensor(), scale, dqi,
+                       dk_chunks[size_t(j)], dv_chunks[size_t(j)]);
     }
     at::Tensor dkv = at::empty(kv.buffer.sizes().slice(1), qf.options());  // [2, B, H, T/C, D]
     {
@@ -158,27 +174,6 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
       c.reduce_scatter(dkv.view({-1}), dkv_all.view({-1}), ReduceOp::kSum);
     }
     return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type())};
-  }
-};
-
-// Online-softmax accumulator of one local query chunk: running max, sum of exponentials, and the
-// unnormalised output; blocks may arrive in any order.
-struct Accumulator {
-  at::Tensor m, l, acc;
-  void add(const at::Tensor& s, const at::Tensor& v) {
-    at::Tensor bm = std::get<0>(s.max(-1));
-    at::Tensor m_new = m.defined() ? at::maximum(m, bm) : bm;
-    at::Tensor p = (s - m_new.unsqueeze(-1)).exp_();
-    at::Tensor pv = at::matmul(p, v);
-    if (!m.defined()) {
-      l = p.sum(-1);
-      acc = pv;
-    } else {
-      at::Tensor corr = (m - m_new).exp_();
-      l = l * corr + p.sum(-1);
-      acc = acc * corr.unsqueeze(-1) + pv;
-    }
-    m = m_new;
   }
 };
 
@@ -220,10 +215,10 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
         cur = incoming;
       }
     }
-    at::Tensor out = at::cat({acc[0].acc / acc[0].l.unsqueeze(-1), acc[1].acc / acc[1].l.unsqueeze(-1)}, 2);
+    at::Tensor out = at::cat({acc[0].output(), acc[1].output()}, 2);
     ctx->save_for_backward({q, k, v});
     ctx->saved_data["out"] = out.detach();  // see CpAttention: never hold the returned tensor itself
-    ctx->saved_data["lse"] = at::cat({acc[0].m + acc[0].l.log(), acc[1].m + acc[1].l.log()}, 2);
+    ctx->saved_data["lse"] = at::cat({acc[0].lse(), acc[1].lse()}, 2);
     return out.to(q.scalar_type());
   }
 
@@ -257,14 +252,9 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
         for (int64_t b = 0; b < 2; ++b) {
           const int64_t j = global_chunk(b, src, C);
           if (j > i) continue;
-          at::Tensor kj = kv[0].narrow(2, b * half, half), vj = kv[1].narrow(2, b * half, half);
-          at::Tensor s = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
-          if (j == i) s.add_(bias);
-          at::Tensor p = (s - lsei).exp_();
-          dkv[1].narrow(2, b * half, half).add_(at::matmul(p.transpose(-2, -1), doi));
-          at::Tensor ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - di);
-          dqi.add_(at::matmul(ds, kj), scale);
-          dkv[0].narrow(2, b * half, half).add_(at::matmul(ds.transpose(-2, -1), qi), scale);
+          block_backward(qi, kv[0].narrow(2, b * half, half), kv[1].narrow(2, b * half, half), doi, lsei, di,
+                         j == i ? bias : at::Tensor(), scale, dqi, dkv[0].narrow(2, b * half, half),
+                         dkv[1].narrow(2, b * half, half));
         }
       }
       if (C == 1) break;
