@@ -116,6 +116,19 @@ void block_backward(const at::Tensor& qi, const at::Tensor& kj, const at::Tensor
   dkj.add_(at::matmul(ds.transpose(-2, -1), qi), scale);
 }
 
+// End of a forward: saves what backward needs (inputs, output, log-sum-exp of both local chunks)
+// and returns the output in q's dtype.
+at::Tensor finish_forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const Accumulator (&acc)[2]) {
+  at::Tensor out = at::cat({acc[0].output(), acc[1].output()}, 2);
+  ctx->save_for_backward({q, k, v});
+  // A detached alias: the returned tensor may be `out` itself (fp32), and a node holding its own
+  // output would be a reference cycle that leaks every step's activations.
+  ctx->saved_data["out"] = out.detach();
+  ctx->saved_data["lse"] = at::cat({acc[0].lse(), acc[1].lse()}, 2);
+  return out.to(q.scalar_type());
+}
+
 struct CpAttention : public torch::autograd::Function<CpAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     Communicator& c = *g_cp.load();
@@ -134,13 +147,7 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
         acc[a].add(s, kv.v[size_t(j)]);
       }
     }
-    at::Tensor out = at::cat({acc[0].output(), acc[1].output()}, 2);
-    ctx->save_for_backward({q, k, v});
-    // A detached alias: the returned tensor may be `out` itself (fp32), and a node holding its own
-    // output would be a reference cycle that leaks every step's activations.
-    ctx->saved_data["out"] = out.detach();
-    ctx->saved_data["lse"] = at::cat({acc[0].lse(), acc[1].lse()}, 2);
-    return out.to(q.scalar_type());
+    return finish_forward(ctx, q, k, v, acc);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -215,11 +222,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
         cur = incoming;
       }
     }
-    at::Tensor out = at::cat({acc[0].output(), acc[1].output()}, 2);
-    ctx->save_for_backward({q, k, v});
-    ctx->saved_data["out"] = out.detach();  // see CpAttention: never hold the returned tensor itself
-    ctx->saved_data["lse"] = at::cat({acc[0].lse(), acc[1].lse()}, 2);
-    return out.to(q.scalar_type());
+    return finish_forward(ctx, q, k, v, acc);
   }
 
   // The keys/values travel with their gradient accumulators: after step t the bundle of rank
