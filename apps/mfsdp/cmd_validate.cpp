@@ -42,14 +42,7 @@ void print_parameter_layout(const Config& cfg, const MeshShape& shape) {
   TpAssignment a = plan_tensor_parallel(model, cfg, shape.tp);
   std::printf("%s", describe_tp_assignment(model, a, shape.tp).c_str());
   if (shape.cp > 1) {
-    std::vector<std::string> cores;
-    for (const auto& nm : model.module().named_modules())
-      for (const auto& p : cfg.distributed.core_attention_modules)
-        if (!nm.name.empty() && (p == unqualified_class_name(nm.value) || p == qualified_class_name(nm.value) ||
-                                 glob_match(p, nm.name))) {
-          cores.push_back(nm.name);
-          break;
-        }
+    const std::vector<std::string> cores = model.modules_matching(cfg.distributed.core_attention_modules);
     const int64_t c = cfg.training.seq_length / (2 * shape.cp);
     std::printf("context parallel: cp %lld: each sequence of %lld tokens is cut into %lld chunks of %lld; cp rank r holds "
                 "chunks r and %lld-r; attention core (%s): %s\n",

@@ -22,6 +22,9 @@
 
 namespace mfsdp {
 
+FlightTag::FlightTag(const std::string& tag) { FlightRecorder::instance().set_tag(tag); }
+FlightTag::~FlightTag() { FlightRecorder::instance().set_tag(""); }
+
 namespace {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();

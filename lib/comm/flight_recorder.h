@@ -11,6 +11,17 @@
 
 namespace mfsdp {
 
+class FlightRecorder;
+
+// Tags the collectives begun while it lives (what the job was doing, if it hangs there).
+class FlightTag {
+ public:
+  explicit FlightTag(const std::string& tag);
+  ~FlightTag();
+  FlightTag(const FlightTag&) = delete;
+  FlightTag& operator=(const FlightTag&) = delete;
+};
+
 class FlightRecorder {
  public:
   static FlightRecorder& instance();

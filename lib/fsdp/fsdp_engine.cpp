@@ -234,10 +234,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         replicated_sq += n * n;
       }
     } else {
-      for (size_t i = 0; i < slots_.size(); ++i) {
-        double n = slots_[i].grad.norm().item<double>();
-        (model_.params()[slot_param_[i]].tp.split() ? split_sq : replicated_sq) += n * n;
-      }
+      std::vector<at::Tensor> split, replicated;  // per-slot norms, read back once
+      for (size_t i = 0; i < slots_.size(); ++i)
+        (model_.params()[slot_param_[i]].tp.split() ? split : replicated).push_back(slots_[i].grad.norm());
+      auto sum_sq = [](const std::vector<at::Tensor>& n) {
+        return n.empty() ? 0.0 : at::stack(n).to(at::kDouble).pow(2).sum().item<double>();
+      };
+      split_sq = sum_sq(split);
+      replicated_sq = sum_sq(replicated);
       at::Tensor t = at::full({1}, split_sq, at::kDouble);
       tp_.all_reduce(t, ReduceOp::kSum);
       split_sq = t.item<double>();

@@ -25,7 +25,7 @@ std::vector<torch::jit::Value*> through_op(torch::jit::Graph& g, const char* op,
   return out;
 }
 
-bool is_tensor(const torch::jit::Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
+bool is_tensor(const torch::jit::Value* v) { return is_tensor_value(v); }
 
 void rewrite_forward(torch::jit::Module& unit, const std::string& path) {
   auto& fn = torch::jit::toGraphFunction(unit.get_method("forward").function());
@@ -72,6 +72,8 @@ void rewrite_forward(torch::jit::Module& unit, const std::string& path) {
 }
 
 }  // namespace
+
+bool is_tensor_value(const torch::jit::Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
 
 torch::jit::Module submodule_at(const torch::jit::Module& root, const std::string& path) {
   torch::jit::Module m = root;

@@ -14,6 +14,9 @@ namespace mfsdp {
 // Returns the number of unit calls replaced.
 int instrument_units(Model& model, bool checkpoint_activations);
 
+// Whether a graph value is a Tensor (not a list, tuple, scalar or module).
+bool is_tensor_value(const torch::jit::Value* v);
+
 // The module at a dotted path ("blocks.3").
 torch::jit::Module submodule_at(const torch::jit::Module& root, const std::string& path);
 

@@ -72,7 +72,10 @@ Model Model::load(const std::string& path, bool on_meta) {
     }
     seen[key] = static_cast<int>(m.params_.size());
     t.set_requires_grad(t.is_floating_point());
-    m.params_.push_back({np.name, {}, t, -1});
+    ModelParam param;
+    param.name = np.name;
+    param.tensor = t;
+    m.params_.push_back(param);
   }
   if (m.params_.empty()) throw UserError(path + ": the model has no parameters to train");
   if (on_meta) {
@@ -161,6 +164,22 @@ std::string Model::module_tree() const {
   }
   return out;
 }
+
+std::vector<std::string> Model::modules_matching(const std::vector<std::string>& patterns) const {
+  std::vector<std::string> out;
+  for (const auto& nm : module_.named_modules()) {
+    if (nm.name.empty()) continue;
+    const std::string cls = unqualified_class_name(nm.value), qcls = qualified_class_name(nm.value);
+    for (const auto& p : patterns)
+      if (p == cls || p == qcls || glob_match(p, nm.name)) {
+        out.push_back(nm.name);
+        break;
+      }
+  }
+  return out;
+}
+
+void Model::set_parameter(const std::string& dotted, const at::Tensor& t) { set_param(module_, dotted, t); }
 
 std::string Model::find_units(const std::optional<std::vector<std::string>>& patterns, const std::string& where) {
   std::vector<std::pair<std::string, std::string>> chosen;  // path, class

@@ -52,6 +52,12 @@ class Model {
   // Chooses the FSDP units: `patterns` (class names, qualified class names or module-path globs,
   // outermost match wins) or, when null, the largest set of repeated sibling modules. Throws a
   // ConfigError listing the module tree when nothing matches. Returns a one-line description.
+  // Paths of the modules (root excluded) whose class name, qualified class name or path glob is
+  // one of `patterns`, in module order.
+  std::vector<std::string> modules_matching(const std::vector<std::string>& patterns) const;
+  // Puts `t` on the module as parameter `dotted` ("blocks.0.attn.c_attn.weight"), replacing it.
+  void set_parameter(const std::string& dotted, const at::Tensor& t);
+
   std::string find_units(const std::optional<std::vector<std::string>>& patterns, const std::string& where);
 
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& position_ids);

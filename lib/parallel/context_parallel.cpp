@@ -31,11 +31,6 @@ std::atomic<bool> g_ring{false};
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-struct Tag {
-  explicit Tag(const char* what) { FlightRecorder::instance().set_tag(what); }
-  ~Tag() { FlightRecorder::instance().set_tag(""); }
-};
-
 // Keys and values of the whole sequence, gathered from the CP group in one collective: rank s
 // holds global chunks s and 2C-1-s of each. `buffer` is [C, 2, B, H, T/C, D] (rank-major, the
 // layout a reduce-scatter returns to owners); k[j] and v[j] view global chunk j.
@@ -60,7 +55,7 @@ Gathered gather_kv(Communicator& c, const at::Tensor& k, const at::Tensor& v) {
   Gathered g;
   g.buffer = at::empty({c.size() * in.numel()}, in.options());
   {
-    Tag t("context-parallel all-gather of keys/values");
+    FlightTag t("context-parallel all-gather of keys/values");
     c.all_gather(g.buffer, in.reshape({-1}));
   }
   std::vector<int64_t> shape{c.size()};
@@ -177,7 +172,7 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     }
     at::Tensor dkv = at::empty(kv.buffer.sizes().slice(1), qf.options());  // [2, B, H, T/C, D]
     {
-      Tag t("context-parallel reduce-scatter of key/value gradients");
+      FlightTag t("context-parallel reduce-scatter of key/value gradients");
       c.reduce_scatter(dkv.view({-1}), dkv_all.view({-1}), ReduceOp::kSum);
     }
     return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type())};
@@ -203,7 +198,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
       WorkHandle w;
       if (t + 1 < C) {  // the next step's keys/values travel while this step computes
         incoming = at::empty_like(cur);
-        Tag tag("context-parallel ring exchange of keys/values");
+        FlightTag tag("context-parallel ring exchange of keys/values");
         w = c.send_recv_async(cur, next, incoming, prev);
       }
       for (int64_t a = 0; a < 2; ++a) {
@@ -263,7 +258,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
       if (C == 1) break;
       at::Tensor incoming = at::empty_like(bundle);
       {
-        Tag tag("context-parallel ring exchange of keys/values and their gradients");
+        FlightTag tag("context-parallel ring exchange of keys/values and their gradients");
         c.send_recv(bundle, next, incoming, prev);
       }
       bundle = incoming;
@@ -283,7 +278,6 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 at::Tensor cp_attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return cp_attention(q, k, v); }
 
-bool is_tensor(const torch::jit::Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
 
 class ContextParallelImpl final : public ContextParallel {
  public:
@@ -294,17 +288,9 @@ class ContextParallelImpl final : public ContextParallel {
     active_ = cp_.size() > 1 || (knob && std::string(knob) == "1");
     if (!active_) return;
     const auto& patterns = cfg.distributed.core_attention_modules;
+    core_paths_ = model.modules_matching(patterns);
     std::set<const c10::ClassType*> core_types;
-    for (const auto& nm : model.module().named_modules()) {
-      if (nm.name.empty()) continue;
-      const std::string cls = unqualified_class_name(nm.value), qcls = qualified_class_name(nm.value);
-      for (const auto& p : patterns)
-        if (p == cls || p == qcls || glob_match(p, nm.name)) {
-          core_types.insert(nm.value.type().get());
-          core_paths_.push_back(nm.name);
-          break;
-        }
-    }
+    for (const auto& path : core_paths_) core_types.insert(submodule_at(model.module(), path).type().get());
     if (core_types.empty())
       throw ConfigError(cfg.where("distributed.core_attention_modules") +
                         ": distributed.cp_size > 1 replaces the model's attention core, and distributed.core_attention_modules [" +
@@ -358,8 +344,8 @@ class ContextParallelImpl final : public ContextParallel {
       if (node->kind() != c10::prim::CallMethod || node->s(c10::attr::name) != "forward") continue;
       auto cls = node->input(0)->type()->cast<c10::ClassType>();
       if (!cls || !core.count(cls.get())) continue;
-      if (node->inputs().size() != 4 || !is_tensor(node->input(1)) || !is_tensor(node->input(2)) ||
-          !is_tensor(node->input(3)) || node->outputs().size() != 1)
+      if (node->inputs().size() != 4 || !is_tensor_value(node->input(1)) || !is_tensor_value(node->input(2)) ||
+          !is_tensor_value(node->input(3)) || node->outputs().size() != 1)
         throw UserError("context parallel: a call of attention core " + cls->name()->name() + " in " +
                         (where.empty() ? "the model's forward" : where + ".forward") +
                         " is not forward(q, k, v) -> Tensor on [batch, heads, seq, head_dim] (model contract)");

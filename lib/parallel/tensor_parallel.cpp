@@ -298,7 +298,6 @@ Value* insert_op(torch::jit::Graph& g, const char* op, std::vector<torch::jit::N
   return out;
 }
 
-bool is_tensor(const Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
 
 class TensorParallelImpl final : public TensorParallel {
  public:
@@ -353,12 +352,6 @@ class TensorParallelImpl final : public TensorParallel {
   }
 
  private:
-  void set_param(const std::string& dotted, const at::Tensor& t) {
-    auto dot = dotted.rfind('.');
-    torch::jit::Module owner = submodule_at(model_.module(), dot == std::string::npos ? "" : dotted.substr(0, dot));
-    owner.register_parameter(dot == std::string::npos ? dotted : dotted.substr(dot + 1), t, false);
-  }
-
   void split_parameters() {
     at::NoGradGuard ng;
     auto& params = model_.params();
@@ -386,8 +379,8 @@ class TensorParallelImpl final : public TensorParallel {
         local = at::cat(pieces, p.tp.dim).contiguous();
       }
       p.tensor = local.set_requires_grad(true);
-      set_param(p.name, p.tensor);
-      for (const auto& al : p.aliases) set_param(al, p.tensor);
+      model_.set_parameter(p.name, p.tensor);
+      for (const auto& al : p.aliases) model_.set_parameter(al, p.tensor);
     }
   }
 
@@ -477,7 +470,7 @@ class TensorParallelImpl final : public TensorParallel {
         if (callee_graph->inputs()[i] == lin->input(0)) return i;
     }
     for (size_t i = 1; i < call->inputs().size(); ++i)
-      if (is_tensor(call->input(i))) return i;
+      if (is_tensor_value(call->input(i))) return i;
     return 0;
   }
 
@@ -554,7 +547,7 @@ class TensorParallelImpl final : public TensorParallel {
     auto g = fn.graph();
     Value* x = nullptr;
     for (size_t i = 1; i < g->inputs().size() && !x; ++i)
-      if (is_tensor(g->inputs()[i])) x = g->inputs()[i];
+      if (is_tensor_value(g->inputs()[i])) x = g->inputs()[i];
     if (!x) throw UserError("sequence parallel: unit " + path + " takes no Tensor argument to split");
     torch::jit::WithInsertPoint guard(g->block()->nodes().front());
     Value* flag = g->insertGetAttr(g->inputs()[0], kSpFirstAttr);
@@ -576,7 +569,7 @@ class TensorParallelImpl final : public TensorParallel {
         logits_sharded_ = s && s->kind == "colwise";
         return;
       }
-      if (node->inputs().empty() || node->kind().is_prim() || !is_tensor(node->input(0))) return;
+      if (node->inputs().empty() || node->kind().is_prim() || !is_tensor_value(node->input(0))) return;
       if (std::string(node->kind().toQualString()).rfind("mfsdp::", 0) == 0) return;  // gathered
       v = node->input(0);
     }

@@ -20,15 +20,9 @@ using torch::autograd::variable_list;
 
 int64_t wrap_dim(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
 
-// Tags a collective for the flight recorder (what the job was doing if it hangs).
-struct Tag {
-  explicit Tag(const char* what) { FlightRecorder::instance().set_tag(what); }
-  ~Tag() { FlightRecorder::instance().set_tag(""); }
-};
-
 at::Tensor all_reduced(const at::Tensor& x) {
   at::Tensor y = x.contiguous().clone();
-  Tag t("tensor-parallel all-reduce");
+  FlightTag t("tensor-parallel all-reduce");
   g_tp.load()->all_reduce(y, ReduceOp::kSum);
   return y;
 }
@@ -114,7 +108,7 @@ at::Tensor tp_vocab_ids(const at::Tensor& ids, int64_t start, int64_t end) {
 struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t start) {
     Communicator& c = *g_tp.load();
-    Tag tag("vocab-parallel cross entropy");
+    FlightTag tag("vocab-parallel cross entropy");
     const int64_t V = logits.size(1);
     at::Tensor x = logits.to(at::kFloat);
     at::Tensor m = std::get<0>(x.max(1)).contiguous();
@@ -158,7 +152,7 @@ at::Tensor all_gather_dim(Communicator& c, const at::Tensor& x, int64_t dim) {
   at::Tensor in = x.contiguous();
   at::Tensor out = at::empty({c.size() * in.numel()}, in.options());
   {
-    Tag t("tensor-parallel all-gather");
+    FlightTag t("tensor-parallel all-gather");
     c.all_gather(out, in.reshape({-1}));
   }
   std::vector<int64_t> stacked{c.size()};
@@ -178,7 +172,7 @@ at::Tensor reduce_scatter_dim(Communicator& c, const at::Tensor& x, int64_t dim)
   std::vector<int64_t> result = x.sizes().vec();
   result[size_t(dim)] = n;
   at::Tensor out = at::empty(result, x.options());
-  Tag t("tensor-parallel reduce-scatter");
+  FlightTag t("tensor-parallel reduce-scatter");
   c.reduce_scatter(out.view({-1}), in.view({-1}), ReduceOp::kSum);
   return out;
 }

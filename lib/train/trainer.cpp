@@ -193,9 +193,9 @@ class Trainer {
                     units, cfg_.model.compute_dtype));
 
     tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
-    if (!tp_->describe().empty()) log(tp_->describe());
     cp_ = apply_context_parallel(*model_, cfg_, *pg_);  // replaces attention-core calls
-    if (!cp_->describe().empty()) log(cp_->describe());
+    for (const std::string& line : {tp_->describe(), cp_->describe()})
+      if (!line.empty()) log(line);
     engine_ = make_engine(*model_, cfg_, *pg_);  // rewrites the unit graphs: before any forward
     log(engine_->describe());
     vocab_ = probe_vocabulary();
