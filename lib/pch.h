@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/script.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt 12, the wheel's copy)
 #include <mpi.h>
 
 #include <map>

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Export reference models as TorchScript files that mfsdp trains.
 
-Run with Debian's python3 (python3-torch):
-    /usr/bin/python3 scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --out gpt.pt
-    /usr/bin/python3 scripts/export_model.py --arch llama --layers 4 --d-model 256 --heads 4 --kv-heads 2 --out llama.pt
+Run with the project's python (torch 2.11 in .venv, made by scripts/setup.sh):
+    .venv/bin/python scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --out gpt.pt
+    .venv/bin/python scripts/export_model.py --arch llama --layers 4 --d-model 256 --heads 4 --kv-heads 2 --out llama.pt
 
 The model contract (README "Model contract") that any TorchScript model must follow:
   forward(tokens: int64 [B, T], position_ids: int64 [B, T]) -> logits: float [B, T, V]
@@ -69,24 +69,31 @@ class GptMlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
+    def __init__(self, d: int, heads: int, dropout: float = 0.0):
         super().__init__()
+        self.dropout = dropout  # residual dropout (GPT-2's resid_pdrop), only in training
         self.ln_1 = nn.LayerNorm(d)
         self.attn = GptAttention(d, heads)
         self.ln_2 = nn.LayerNorm(d)
         self.mlp = GptMlp(d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        a = self.attn(self.ln_1(x))
+        if self.dropout > 0.0:
+            a = F.dropout(a, self.dropout, self.training)
+        x = x + a
+        m = self.mlp(self.ln_2(x))
+        if self.dropout > 0.0:
+            m = F.dropout(m, self.dropout, self.training)
+        return x + m
 
 
 class Stage(nn.Module):
     """A group of blocks (for --nested: units two levels below the root)."""
 
-    def __init__(self, d: int, heads: int, n: int):
+    def __init__(self, d: int, heads: int, n: int, dropout: float = 0.0):
         super().__init__()
-        self.blocks = nn.ModuleList([Block(d, heads) for _ in range(n)])
+        self.blocks = nn.ModuleList([Block(d, heads, dropout) for _ in range(n)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
@@ -95,16 +102,17 @@ class Stage(nn.Module):
 
 
 class Gpt(nn.Module):
-    def __init__(self, vocab: int, max_seq: int, d: int, layers: int, heads: int, tied: bool, nested: bool = False):
+    def __init__(self, vocab: int, max_seq: int, d: int, layers: int, heads: int, tied: bool, nested: bool = False,
+                 dropout: float = 0.0):
         super().__init__()
         self.tied = tied
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(max_seq, d)
         if nested:  # trunk.stages.K.blocks.J
             half = max(1, layers // 2)
-            self.blocks = nn.ModuleList([Stage(d, heads, half), Stage(d, heads, layers - half)])
+            self.blocks = nn.ModuleList([Stage(d, heads, half, dropout), Stage(d, heads, layers - half, dropout)])
         else:
-            self.blocks = nn.ModuleList([Block(d, heads) for _ in range(layers)])
+            self.blocks = nn.ModuleList([Block(d, heads, dropout) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         if tied:
@@ -266,7 +274,8 @@ def build(args) -> nn.Module:
     if args.d_model % args.heads:
         raise SystemExit(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
     if args.arch == "gpt":
-        model = Gpt(args.vocab, args.max_seq, args.d_model, args.layers, args.heads, not args.untied, args.nested)
+        model = Gpt(args.vocab, args.max_seq, args.d_model, args.layers, args.heads, not args.untied, args.nested,
+                    getattr(args, "dropout", 0.0))
     else:
         kv = args.kv_heads or args.heads
         if args.heads % kv:
@@ -295,6 +304,7 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="torch.jit.trace instead of torch.jit.script")
     ap.add_argument("--nested", action="store_true", help="gpt: blocks grouped in two stages (blocks.K.blocks.J)")
     ap.add_argument("--no-tp-plan", action="store_true", help="do not store the default tensor-parallel plan")
+    ap.add_argument("--dropout", type=float, default=0.0, help="gpt: residual dropout probability in training")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--state-dict", help="also save the initial state_dict (torch.save) here, for parity checks")
     ap.add_argument("--out", required=True)

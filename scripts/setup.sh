@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# Installs what is missing (Debian packages, only when absent), configures and builds mfsdp.
-# Idempotent: a second run installs nothing and rebuilds only what changed.
+# Installs what is missing, configures and builds mfsdp. Idempotent: a second run downloads and
+# installs nothing and rebuilds only what changed.
 #   scripts/setup.sh            # -> build/bin/mfsdp
-# Environment: BUILD_DIR (default build), JOBS (default 2), MFSDP_SKIP_APT=1 to never call apt.
+# What it installs:
+#   - Debian packages that are absent (build tools, Open MPI, yaml-cpp, fmt, CLI11, Catch2, json);
+#   - PyTorch 2.11.0 from PyPI into the project-local virtual environment .venv (reused when it
+#     already holds that version): its LibTorch is what mfsdp links, its python runs the exporter,
+#     the PyTorch oracle and every helper. The wheel is CUDA-enabled (CUDA 13.0, NCCL 2.28), so the
+#     build is too; it runs on machines without a GPU.
+# Environment: BUILD_DIR (default build), JOBS (default 2), MFSDP_VENV (default .venv),
+#   MFSDP_SKIP_APT=1 to never call apt, CUDA_HOME (default /usr/local/cuda: nvcc for Torch's CMake).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-2}
+VENV=${MFSDP_VENV:-.venv}
+TORCH_VERSION=2.11.0
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config
-  libtorch-dev python3-torch                       # LibTorch 1.13 (C++) and PyTorch to export models
   libopenmpi-dev openmpi-bin                       # MPI: launch and CPU collectives
-  libyaml-cpp-dev libfmt-dev libcli11-dev catch2   # config, formatting, CLI, tests
+  libyaml-cpp-dev libcli11-dev catch2           # config, CLI, tests (fmt: the wheel's copy)
   nlohmann-json3-dev                               # checkpoint index (JSON)
-  libopenblas0-pthread                             # fast BLAS for LibTorch (reference BLAS is ~50x slower)
-  libsentencepiece-dev                             # prepare-data with a SentencePiece model
   bible-kjv bible-kjv-text                         # the demo corpus (public domain)
-  python3
+  python3 python3-venv
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -38,10 +44,35 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# --- PyTorch from PyPI in a project-local virtual environment -----------------------------------
+have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; }
+if ! have_torch; then
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  echo "setup: installing torch==$TORCH_VERSION into $VENV (about 4 GB with its CUDA libraries)"
+  "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" numpy pyyaml
+  have_torch || { echo "setup: $VENV/bin/python cannot import torch $TORCH_VERSION after installing it" >&2; exit 1; }
+fi
+PY=$(cd "$VENV/bin" && pwd)/python
+TORCH_CMAKE=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+TORCH_CUDA=$("$PY" -c 'import torch; print(1 if torch.version.cuda else 0)')
+
+cuda_args=()
+if [ "$TORCH_CUDA" = 1 ]; then
+  # Torch's CMake package enables the CUDA language when the wheel has CUDA: it needs nvcc.
+  CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+  if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+    echo "setup: torch $TORCH_VERSION is CUDA-enabled and its CMake package needs the CUDA toolkit (nvcc);" \
+         "none at $CUDA_HOME (set CUDA_HOME)" >&2
+    exit 1
+  fi
+  cuda_args=(-DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" -DCUDAToolkit_ROOT="$CUDA_HOME")
+fi
+
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-  cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" -DMFSDP_PYTHON="$PY" "${cuda_args[@]}"
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS"
-echo "setup: built $BUILD_DIR/bin/mfsdp"
+echo "setup: built $BUILD_DIR/bin/mfsdp (LibTorch $TORCH_VERSION from $VENV)"

@@ -187,3 +187,10 @@ TEST_CASE("send_recv: a ring shift, every dtype, synchronous and overlapped") {
   CHECK(busy[0][0].item<float>() == 64.0f);
   CHECK_THROWS_WITH(c->send_recv(a, n, ra, 0), Catch::Contains("not in a group of"));
 }
+
+TEST_CASE("MPI start-up requires MPI_THREAD_MULTIPLE (the progress thread and watchdog call MPI concurrently)") {
+  REQUIRE_NOTHROW(mfsdp::MpiEnv::require_thread_multiple(MPI_THREAD_MULTIPLE));
+  REQUIRE_THROWS_WITH(mfsdp::MpiEnv::require_thread_multiple(MPI_THREAD_SERIALIZED),
+                      Catch::Contains("provides only MPI_THREAD_SERIALIZED") && Catch::Contains("MPI_THREAD_MULTIPLE"));
+  REQUIRE_THROWS(mfsdp::MpiEnv::require_thread_multiple(MPI_THREAD_FUNNELED));
+}

@@ -6,6 +6,7 @@
 #include "catch.h"
 #include "config/config.h"
 #include "config/schema.h"
+#include "optim/optimizer.h"
 #include "util/error.h"
 
 using namespace mfsdp;
@@ -208,8 +209,6 @@ TEST_CASE("malformed: missing required keys and impossible combinations") {
                {"t.yaml:6:22", "training.global_batch_size", "multiple of training.micro_batch_size"});
   expect_error(kMinimal + "distributed:\n  cp_size: 2\ntraining:\n  seq_length: 6\n",
                {"t.yaml:8:15", "training.seq_length", "multiple of 4"});
-  expect_error(kMinimal + "training:\n  max_steps: 100\nlr_scheduler:\n  warmup_steps: 500\n",
-               {"t.yaml:8:17", "lr_scheduler.warmup_steps", "max_steps"});
   expect_error(kMinimal + "optimizer:\n  lr: 0.001\nlr_scheduler:\n  min_lr: 0.01\n", {"t.yaml:8:11", "lr_scheduler.min_lr"});
   expect_error(kMinimal + "training:\n  eval_every: 10\n", {"t.yaml:6:15", "training.eval_every", "data.valid"});
   expect_error(kMinimal + "checkpoint:\n  save_every: 10\n", {"t.yaml:6:15", "checkpoint.save_every", "checkpoint.dir"});
@@ -277,4 +276,15 @@ TEST_CASE("malformed: tp_plan, sequence_parallel, core_attention_modules") {
   expect_error(kMinimal + "distributed:\n  tp_plan:\n    a: colwise\n    a: rowwise\n", {"t.yaml:8:5", "duplicate"});
   expect_error(kMinimal + "distributed:\n  sequence_parallel: true\n", {"t.yaml:6:22", "needs distributed.tp_size > 1"});
   expect_error(kMinimal + "distributed:\n  core_attention_modules: []\n", {"t.yaml:6:27", "a non-empty list"});
+}
+
+TEST_CASE("warmup longer than the run is a warning naming the key, not an error (quick runs of long configs)") {
+  Config c = load(kMinimal + "training:\n  max_steps: 10\nlr_scheduler:\n  warmup_steps: 500\n");
+  REQUIRE(c.warnings.size() == 1);
+  REQUIRE_THAT(c.warnings[0], Catch::Contains("t.yaml:8:17") && Catch::Contains("lr_scheduler.warmup_steps (500)") &&
+                                  Catch::Contains("training.max_steps (10)"));
+  // The schedule is still defined: the learning rate is warming up at every step of the run.
+  for (int64_t s = 1; s <= 10; ++s)
+    REQUIRE(learning_rate(c.lr_scheduler, c.optimizer.lr, 10, s) == Approx(c.optimizer.lr * double(s) / 500.0));
+  REQUIRE(load(kMinimal).warnings.empty());
 }

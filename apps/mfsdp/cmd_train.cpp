@@ -79,8 +79,13 @@ Runner add_export(CLI::App& cmd) {
       ->check(CLI::IsMember({"safetensors", "torchscript"}))
       ->capture_default_str();
   cmd.add_option("--model", *model, "TorchScript model for --format torchscript (default: the one the run trained)");
-  return [dir, out, format, model]() {
-    export_checkpoint(*dir, *out, *format, *model);
+  auto state = std::make_shared<std::string>("main");
+  cmd.add_option("--state", *state,
+                 "What to write: main (the weights) or an optimizer state (exp_avg, exp_avg_sq, momentum_buffer), "
+                 "under the parameters' names")
+      ->capture_default_str();
+  return [dir, out, format, model, state]() {
+    export_checkpoint(*dir, *out, *format, *model, *state);
     std::printf("wrote %s (%s) from %s\n", out->c_str(), format->c_str(), dir->c_str());
     return 0;
   };

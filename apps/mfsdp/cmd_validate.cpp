@@ -120,6 +120,7 @@ Runner add_validate(CLI::App& cmd) {
                 "zero_dp_strategy %s\n",
                 cfg.source.c_str(), n, (long long)shape.dp_replicate, (long long)shape.dp_shard, (long long)shape.cp,
                 (long long)shape.tp, to_string(cfg.distributed.zero_dp_strategy));
+    for (const auto& w : cfg.warnings) std::printf("warning: %s\n", w.c_str());
     return 0;
   };
 }

@@ -529,9 +529,24 @@ int inspect_checkpoint(const std::string& dir, bool verbose) {
   return problems;
 }
 
-void export_checkpoint(const std::string& dir, const std::string& out, const std::string& format,
-                       const std::string& model_path) {
+void export_checkpoint(const std::string& given, const std::string& out, const std::string& format,
+                       const std::string& model_path, const std::string& state) {
+  // A step directory, or a checkpoint.dir: then the step its `latest` file names.
+  std::string dir = given;
+  if (!fs::exists(dir + "/index.json") && fs::exists(dir + "/latest")) {
+    std::ifstream latest(dir + "/latest");
+    std::string step;
+    std::getline(latest, step);
+    dir += "/" + step;
+  }
   json index = read_index(dir);
+  if (state != "main") {
+    const auto kinds = index["optimizer"]["state"].get<std::vector<std::string>>();
+    if (std::find(kinds.begin(), kinds.end(), state) == kinds.end())
+      throw UserError(fmt::format("export --state {}: the checkpoint's optimizer ({}) holds [{}]; 'main' is the weights",
+                                  state, index["optimizer"]["name"].get<std::string>(), fmt::join(kinds, ", ")));
+    if (format != "safetensors") throw UserError("export --state " + state + ": only with --format safetensors");
+  }
   PieceReader reader(dir, index);
   std::vector<std::pair<std::string, at::Tensor>> weights;  // every name, aliases included
   std::vector<std::pair<std::string, at::Tensor>> unique;
@@ -539,7 +554,7 @@ void export_checkpoint(const std::string& dir, const std::string& out, const std
     auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    at::Tensor t = read_full_param(reader, index, "main", it.key()).view(shape);
+    at::Tensor t = read_full_param(reader, index, state, it.key()).view(shape);
     unique.emplace_back(it.key(), t);
     weights.emplace_back(it.key(), t);
     for (const auto& alias : it.value()["aliases"]) weights.emplace_back(alias.get<std::string>(), t);
@@ -547,7 +562,8 @@ void export_checkpoint(const std::string& dir, const std::string& out, const std
   if (format == "safetensors") {
     std::sort(weights.begin(), weights.end(), [](auto& a, auto& b) { return a.first < b.first; });
     write_safetensors(out, weights,
-                      {{"format", "pt"}, {"source", dir}, {"step", std::to_string(index["trainer"]["step"].get<int64_t>())}});
+                      {{"format", "pt"}, {"source", dir}, {"step", std::to_string(index["trainer"]["step"].get<int64_t>())},
+                       {"state", state}});
   } else if (format == "torchscript") {
     const std::string path = model_path.empty() ? index["model"]["path"].get<std::string>() : model_path;
     Model model = Model::load(path);

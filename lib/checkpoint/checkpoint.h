@@ -67,8 +67,9 @@ class CheckpointManager {
 int inspect_checkpoint(const std::string& step_dir, bool verbose);
 // `mfsdp export`: consolidated weights under the model's own parameter names (every alias of a
 // tied weight too). format: safetensors | torchscript (needs the TorchScript model: `model_path`
-// or the one recorded in the checkpoint).
+// or the one recorded in the checkpoint). `state`: "main" (the weights) or one of the optimizer's
+// state kinds (exp_avg, exp_avg_sq, momentum_buffer) under the same names, safetensors only.
 void export_checkpoint(const std::string& step_dir, const std::string& out, const std::string& format,
-                       const std::string& model_path);
+                       const std::string& model_path, const std::string& state = "main");
 
 }  // namespace mfsdp

@@ -1,6 +1,7 @@
 #include "comm/flight_recorder.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

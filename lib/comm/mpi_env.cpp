@@ -15,11 +15,18 @@ MpiEnv::MpiEnv(int* argc, char*** argv) {
   int provided = 0;
   if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
     throw std::runtime_error("MPI_Init_thread failed");
-  if (provided < MPI_THREAD_SERIALIZED)
-    throw std::runtime_error("the MPI library provides thread level " + std::to_string(provided) +
-                             "; mfsdp needs at least MPI_THREAD_SERIALIZED for its communication thread");
+  require_thread_multiple(provided);
   // Errors in MPI calls come back as return codes that we turn into exceptions with context.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+}
+
+void MpiEnv::require_thread_multiple(int provided) {
+  if (provided >= MPI_THREAD_MULTIPLE) return;
+  const char* names[] = {"MPI_THREAD_SINGLE", "MPI_THREAD_FUNNELED", "MPI_THREAD_SERIALIZED"};
+  throw UserError(std::string("the MPI library provides only ") +
+                  (provided >= 0 && provided < 3 ? names[provided] : std::to_string(provided).c_str()) +
+                  "; mfsdp needs MPI_THREAD_MULTIPLE (its communication thread and watchdog call MPI while the main "
+                  "thread computes): use an MPI built with thread support (Open MPI >= 3 provides it by default)");
 }
 
 MpiEnv::~MpiEnv() {

@@ -21,6 +21,10 @@ class MpiEnv {
   // This rank's index among the ranks on its node (MPI_Comm_split_type SHARED), for device choice.
   static int local_rank();
   static int local_size();
+  // Throws unless `provided` (from MPI_Init_thread) is MPI_THREAD_MULTIPLE: the progress thread,
+  // the watchdog and the error path call MPI concurrently with the main thread, which only
+  // MULTIPLE allows (SERIALIZED would need every MPI call confined to one thread).
+  static void require_thread_multiple(int provided);
 };
 
 }  // namespace mfsdp

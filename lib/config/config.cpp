@@ -553,7 +553,7 @@ void apply_override(YAML::Node root, const std::string& text, Origins& origins) 
   origins.overrides.emplace_back(key, text);
 }
 
-void validate(const Config& c) {
+void validate(Config& c) {
   auto fail = [&](const std::string& key, const std::string& msg) {
     throw ConfigError(c.where(key) + ": " + key + ": " + msg);
   };
@@ -594,8 +594,12 @@ void validate(const Config& c) {
     fail("training.seq_length", "with cp_size " + std::to_string(d.cp_size) + " the sequence is cut into 2 x cp_size = " +
                                     std::to_string(2 * d.cp_size) + " load-balanced chunks, so seq_length must be a "
                                     "multiple of " + std::to_string(2 * d.cp_size) + ", got " + std::to_string(t.seq_length));
+  // A short run of a long config (training.max_steps=10 to try it) is legitimate: the schedule stays
+  // defined (the learning rate is still warming up when the run ends), so this is only a warning.
   if (c.lr_scheduler.warmup_steps > t.max_steps)
-    fail("lr_scheduler.warmup_steps", "must not exceed training.max_steps (" + std::to_string(t.max_steps) + ")");
+    c.warnings.push_back(c.where("lr_scheduler.warmup_steps") + ": lr_scheduler.warmup_steps (" +
+                         std::to_string(c.lr_scheduler.warmup_steps) + ") exceeds training.max_steps (" +
+                         std::to_string(t.max_steps) + "): the run ends before the warmup does");
   if (c.lr_scheduler.min_lr > c.optimizer.lr)
     fail("lr_scheduler.min_lr", "must not exceed optimizer.lr (" + std::to_string(c.optimizer.lr) + ")");
   if (c.lr_scheduler.decay_steps && c.lr_scheduler.wsd_decay_steps &&

@@ -165,6 +165,8 @@ struct Config {
   // Later layers use it so that world-size dependent errors still point at the YAML.
   std::map<std::string, std::string> locations;
   std::string where(const std::string& dotted_key) const;
+  // Legal but probably unintended settings, each naming its key; printed by validate and train.
+  std::vector<std::string> warnings;
 };
 
 // Loads, applies `key.path=value` overrides (typed by the schema), and validates everything that

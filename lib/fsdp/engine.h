@@ -70,6 +70,8 @@ class ParallelEngine {
   // Highest bytes held by the engine (persistent + gathered weights + gradients in flight) since
   // the last call; each call starts a new window.
   virtual int64_t take_peak_bytes() = 0;
+  // Strategy 3: all-gathers of unit weights issued since the engine was built (0 otherwise).
+  virtual int64_t gathers_issued() const = 0;
 };
 
 // Chooses the engine for the config and mesh; the model's units must already be found.

@@ -20,6 +20,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -369,17 +370,25 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   }
 
   // ---------------------------------------------------------------------------- unit hooks
+  // Under strategy 3 a unit's weights are gathered for its forward and freed after it, then
+  // gathered again from the backward of its post_forward until the backward of its pre_forward.
+  // With activation checkpointing the recomputed forward comes first in that window: it gathers
+  // (or finds gathered, by the previous unit's prefetch), prefetches the unit before it (backward
+  // order, not the next one, which is already done and freed), and does not free at its end, so
+  // the backward that follows uses the same copy: one all-gather per unit in backward.
   void pre_forward(int unit) override {
     if (unit < 0) return;
     for (int bi : unit_groups_[unit]) {
       if (strategy_ == 3) ensure_gathered(buckets_[bi]);
       else wait_gather(buckets_[bi]);
     }
-    if (strategy_ == 3 && d_.overlap_param_gather && unit + 1 < int(unit_groups_.size()))
-      for (int bi : unit_groups_[unit + 1]) start_gather(buckets_[bi]);
+    if (strategy_ != 3 || !d_.overlap_param_gather) return;
+    const int next = recomputing_ == unit ? unit - 1 : unit + 1;
+    if (next >= 0 && next < int(unit_groups_.size()))
+      for (int bi : unit_groups_[next]) start_gather(buckets_[bi]);
   }
   void post_forward(int unit) override {
-    if (unit >= 0 && strategy_ == 3)
+    if (unit >= 0 && strategy_ == 3 && recomputing_ != unit)
       for (int bi : unit_groups_[unit]) release(buckets_[bi]);
   }
   void pre_backward(int unit) override {
@@ -392,6 +401,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     if (unit >= 0 && strategy_ == 3)
       for (int bi : unit_groups_[unit]) release(buckets_[bi]);
   }
+  void recompute(int unit, bool begin) override { recomputing_ = begin ? unit : -1; }
+
+  int64_t gathers_issued() const override { return gathers_issued_; }
 
  private:
   void build_buckets(const Config& cfg) {
@@ -680,6 +692,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     b.gather = shard_.all_gather_async(b.full, b.shard_w);
     FlightRecorder::instance().set_tag("");
     b.gathered = true;
+    if (b.unit >= 0) ++gathers_issued_;
   }
 
   void wait_gather(Bucket& b) {
@@ -723,6 +736,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   at::Tensor double_buffer_[2];
   bool last_micro_ = true;
   int checkpointed_calls_ = 0;
+  int recomputing_ = -1;          // the unit whose forward is being recomputed in backward, else -1
+  int64_t gathers_issued_ = 0;    // strategy 3 unit gathers since start (metrics: gathers per step)
   std::string init_note_;
   int64_t transient_ = 0, transient_peak_ = 0;  // gathered weights and gradients in flight, in bytes
 

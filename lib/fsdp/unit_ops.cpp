@@ -3,6 +3,8 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 #include <torch/script.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 
 #include <atomic>
 
@@ -64,12 +66,54 @@ std::vector<at::Tensor> post_forward_plain(int64_t unit, at::TensorList outputs)
 // Activation checkpointing of one unit call: forward runs the unit without keeping its activations
 // (only its inputs are saved); backward runs it again with autograd on and back-propagates through
 // the recomputed graph (a reentrant backward, as torch.utils.checkpoint(use_reentrant=True) does).
-// The unit's own pre/post_forward ops run in both passes, so its weights are gathered and freed
-// around the recomputation too. Units must take and return Tensors.
+// The unit's own pre/post_forward ops run in both passes; the engine is told that the second one
+// is a recompute, so that it gathers the unit's weights once for recompute and backward together.
+// The random state (CPU, and the device's when the inputs are on one) is saved before the forward
+// and restored for the recompute, then put back, so that dropout draws the same mask in both
+// passes and the rest of backward sees the generator as it was: losses are bit-identical with and
+// without checkpointing (torch.utils.checkpoint's preserve_rng_state). Units must take and return
+// Tensors.
+struct RngStash {
+  at::Tensor cpu, device;
+  c10::Device where{at::kCPU};
+  static at::Generator device_generator(const c10::Device& d) {
+    return at::globalContext().defaultGenerator(d);
+  }
+  static RngStash take(at::TensorList inputs) {
+    RngStash s;
+    s.cpu = at::detail::getDefaultCPUGenerator().get_state();
+    for (const auto& t : inputs)
+      if (t.defined() && !t.device().is_cpu()) {
+        s.where = t.device();
+        s.device = device_generator(s.where).get_state();
+        break;
+      }
+    return s;
+  }
+  void restore() const {
+    at::Generator cpu_gen = at::detail::getDefaultCPUGenerator();
+    cpu_gen.set_state(cpu);
+    if (device.defined()) {
+      at::Generator dev_gen = device_generator(where);
+      dev_gen.set_state(device);
+    }
+  }
+};
+
+int unit_of(const torch::jit::Module& m) {
+  return m.hasattr("_mfsdp_unit_id") ? int(m.attr("_mfsdp_unit_id").toInt()) : -1;
+}
+
 struct Checkpoint : public torch::autograd::Function<Checkpoint> {
   static variable_list forward(AutogradContext* ctx, c10::IValue module, at::TensorList inputs) {
     ctx->saved_data["module"] = module;
     ctx->save_for_backward(variable_list(inputs.begin(), inputs.end()));
+    RngStash rng = RngStash::take(inputs);
+    ctx->saved_data["rng_cpu"] = rng.cpu;
+    if (rng.device.defined()) {
+      ctx->saved_data["rng_device"] = rng.device;
+      ctx->saved_data["rng_where"] = rng.where.str();
+    }
     torch::jit::Module m(module.toObject());
     std::vector<c10::IValue> args(inputs.begin(), inputs.end());
     c10::IValue out = m.forward(args);
@@ -86,10 +130,23 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
       detached.push_back(d);
       args.emplace_back(d);
     }
+    RngStash forward_rng;
+    forward_rng.cpu = ctx->saved_data["rng_cpu"].toTensor();
+    if (ctx->saved_data.count("rng_device")) {
+      forward_rng.device = ctx->saved_data["rng_device"].toTensor();
+      forward_rng.where = c10::Device(ctx->saved_data["rng_where"].toStringRef());
+    }
+    RngStash now = RngStash::take(detached);
+    const int unit = unit_of(m);
+    UnitHooks* h = g_hooks.load();
     at::Tensor out;
     {
       at::AutoGradMode enable(true);
+      forward_rng.restore();
+      if (h) h->recompute(unit, true);
       out = m.forward(args).toTensor();
+      if (h) h->recompute(unit, false);
+      now.restore();
     }
     torch::autograd::backward({out}, {grads[0]});
     variable_list result{at::Tensor()};  // no gradient for the module argument

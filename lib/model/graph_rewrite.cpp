@@ -137,6 +137,9 @@ int instrument_units(Model& model, bool checkpoint_activations) {
     if (rewritten.count(m.type().get()) && !unit_paths.count(nm.name)) m.setattr(kUnitAttr, int64_t(-1));
   }
   if (!checkpoint_activations) return 0;
+  if (model.units().empty())
+    throw UserError("activation_checkpointing: the model has no FSDP units to checkpoint (none were found or "
+                    "configured; set distributed.megatron_fsdp_unit_modules)");
   // Every graph that calls a unit: one rewrite per TorchScript type.
   std::set<const c10::ClassType*> seen;
   int replaced = 0;

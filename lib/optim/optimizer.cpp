@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace mfsdp {
 namespace {
@@ -23,7 +24,8 @@ void update_fp32(at::Tensor& weight, F&& body) {
 
 class Adam final : public Optimizer {
  public:
-  Adam(const OptimizerConfig& c, bool decoupled) : c_(c), decoupled_(decoupled) {}
+  Adam(const OptimizerConfig& c, bool decoupled)
+      : c_(c), decoupled_(decoupled), plant_no_bc2_(test_plant("optimizer")) {}
   void ensure(const std::vector<OptimSlot>& slots) {
     if (!m_.empty()) return;
     for (auto& s : slots) {
@@ -40,7 +42,8 @@ class Adam final : public Optimizer {
     ensure(slots);
     ++step_;
     const double b1 = c_.betas[0], b2 = c_.betas[1];
-    const double bc1 = 1.0 - std::pow(b1, double(step_)), bc2 = 1.0 - std::pow(b2, double(step_));
+    const double bc1 = 1.0 - std::pow(b1, double(step_));
+    const double bc2 = plant_no_bc2_ ? 1.0 : 1.0 - std::pow(b2, double(step_));  // planted bug: tests only
     const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
     for (size_t i = 0; i < slots.size(); ++i) {
       auto& s = slots[i];
@@ -70,6 +73,7 @@ class Adam final : public Optimizer {
  private:
   OptimizerConfig c_;
   bool decoupled_;
+  bool plant_no_bc2_;  // MFSDP_TEST_PLANT=optimizer: no second-moment bias correction
   std::vector<at::Tensor> m_, v_;
 };
 
@@ -128,11 +132,11 @@ double learning_rate(const LrSchedulerConfig& s, double max_lr, int64_t max_step
   const int64_t decay_steps = s.decay_steps ? *s.decay_steps : max_steps;
   if (warmup > 0 && step <= warmup) return max_lr * double(step) / double(warmup);
   if (s.name == "constant") return max_lr;
+  if (step > decay_steps) return s.min_lr;  // every decaying schedule, inverse_sqrt too (as Megatron)
   if (s.name == "inverse_sqrt") {
     const double w = double(std::max<int64_t>(warmup, 1));
     return std::max(s.min_lr, max_lr * std::sqrt(w) / std::sqrt(double(step)));
   }
-  if (step > decay_steps) return s.min_lr;
   const double range = max_lr - s.min_lr;
   if (s.name == "wsd") {
     // Warmup, stable at max_lr, then a linear decay to min_lr over the last wsd_decay_steps.

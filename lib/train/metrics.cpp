@@ -37,6 +37,7 @@ void MetricsWriter::write(const StepMetrics& m) {
       num(m.tflops_per_rank), num(m.mfu), num(m.peak_mem_mib), m.consumed_samples, m.mem_weights, m.mem_main_weights,
       m.mem_grads, m.mem_optimizer, m.mem_fsdp_peak);
   if (m.val_loss) line += fmt::format(", \"val_loss\": {}", num(*m.val_loss));
+  line += fmt::format(", \"unit_gathers\": {}, \"skipped_total\": {}", m.unit_gathers, m.skipped_total);
   if (m.skipped) line += ", \"skipped\": true";
   line += "}\n";
   if (std::fputs(line.c_str(), f_) < 0 || std::fflush(f_) != 0)

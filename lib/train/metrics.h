@@ -17,7 +17,9 @@ struct StepMetrics {
   // optimizer state, and the peak the FSDP engine held during the step.
   int64_t mem_weights = 0, mem_main_weights = 0, mem_grads = 0, mem_optimizer = 0, mem_fsdp_peak = 0;
   std::optional<double> val_loss;
-  bool skipped = false;  // NaN/Inf gradients and the step was not applied
+  bool skipped = false;      // NaN/Inf gradients and the step was not applied
+  int64_t skipped_total = 0;  // steps skipped so far in this run
+  int64_t unit_gathers = 0;   // strategy 3: all-gathers of unit weights issued during the step
 };
 
 class MetricsWriter {

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <torch/script.h>
 #include <unistd.h>
@@ -174,6 +175,7 @@ class Trainer {
     }
     FlightRecorder::instance().start_watchdog(cfg_.distributed.timeout_s, cfg_.run_dir, rank_, world_);
     log_placement(threads);
+    for (const auto& w : cfg_.warnings) log("warning: " + w);
     log(fmt::format("mfsdp train: {} ranks, {}, {} threads per rank, {}", world_,
                     fmt::format("mesh dp_replicate {} x dp_shard {} x cp {} x tp {}", shape_.dp_replicate, shape_.dp_shard,
                                 shape_.cp, shape_.tp),
@@ -361,7 +363,7 @@ class Trainer {
       // Otherwise: this micro-batch's mean, averaged over micro-batches (and over dp by the engine).
       at::Tensor objective = cfg_.distributed.calculate_per_token_loss
                                  ? masked_sum
-                                 : masked_sum / std::max(1.0, micro_tokens) / double(accum_);
+                                 : masked_sum / std::max(1.0, micro_tokens) / double(plant_loss_norm_ ? 1 : accum_);
       objective.backward();
       engine_->end_micro_batch();
     }
@@ -402,18 +404,31 @@ class Trainer {
         throw UserError(fmt::format("step {} on rank {}: the gradient norm is {} (NaN or Inf in gradients; loss {}){} "
                                     "(distributed.check_for_nan_in_grad)",
                                     m.step, rank_, m.grad_norm, m.loss, names));
-      if (!names.empty()) log("warning: " + names.substr(2));
+      // As Megatron does when the gradients are not finite: no update (a NaN clip coefficient
+      // would otherwise pass `coeff < 1` unnoticed and the optimizer would write NaN into every
+      // weight), counted, and the schedule does not advance.
+      m.skipped = true;
+      ++skipped_steps_;
+      log(fmt::format("warning: step {}: gradient norm {}: update skipped ({} skipped so far){}", m.step, m.grad_norm,
+                      skipped_steps_, names));
     }
-    if (cfg_.training.clip_grad > 0) {
-      const double coeff = cfg_.training.clip_grad / (m.grad_norm + 1e-6);
-      if (coeff < 1.0) engine_->scale_grads(coeff);
-    }
-    m.lr = learning_rate(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.max_steps, m.step);
-    {
+    m.skipped_total = skipped_steps_;
+    // The schedule counts applied updates (Megatron steps its scheduler only on successful ones).
+    m.lr = learning_rate(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.max_steps,
+                         optimizer_->steps_taken() + (plant_schedule_ ? 0 : 1));
+    if (!m.skipped) {
+      if (cfg_.training.clip_grad > 0) {
+        const double norm = plant_clip_ ? m.grad_norm * m.grad_norm : m.grad_norm;
+        const double coeff = cfg_.training.clip_grad / (norm + 1e-6);
+        if (coeff < 1.0) engine_->scale_grads(coeff);
+      }
       at::NoGradGuard ng;
       optimizer_->step(engine_->slots(), m.lr);
       engine_->install_weights();
     }
+    const int64_t gathers = engine_->gathers_issued();
+    m.unit_gathers = gathers - gathers_seen_;
+    gathers_seen_ = gathers;
     m.step_time_s = seconds_since(t0);
     const double tokens = double(cfg_.training.global_batch_size * cfg_.training.seq_length);
     m.tokens_per_s = tokens / m.step_time_s;
@@ -468,6 +483,12 @@ class Trainer {
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<CheckpointManager> ckpt_;
   int64_t start_step_ = 0;
+  int64_t skipped_steps_ = 0;  // steps whose update was skipped (non-finite gradients)
+  int64_t gathers_seen_ = 0;   // engine_->gathers_issued() at the end of the previous step
+  // Planted bugs for the oracle's own test (MFSDP_TEST_PLANT, tests/oracle): the schedule one
+  // step late, clipping by the squared norm, micro-batch losses not averaged over accumulation.
+  const bool plant_schedule_ = test_plant("schedule"), plant_clip_ = test_plant("clip"),
+             plant_loss_norm_ = test_plant("loss_norm");
   int64_t accum_ = 1, n_params_ = 0, vocab_ = 0;
   double flops_per_token_ = 0, peak_tflops_ = 1;
   Clock::time_point start_;

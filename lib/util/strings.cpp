@@ -1,5 +1,7 @@
 #include "util/strings.h"
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -88,6 +90,11 @@ std::string human_bytes(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
   return buf;
+}
+
+bool test_plant(const char* what) {
+  const char* v = std::getenv("MFSDP_TEST_PLANT");
+  return v && std::string(v) == what;
 }
 
 }  // namespace mfsdp

@@ -218,7 +218,7 @@ print(f"PyTorch module with the exported safetensors vs the exported TorchScript
       f"vs the untrained model {{moved:.2e}}")
 sys.exit(0 if err < 1e-5 and moved > 1e-3 else 1)
 """
-    p = subprocess.run(["/usr/bin/python3", "-c", check], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
     print(p.stdout + p.stderr[-2000:])
     if p.returncode != 0:
         fail("exported weights do not reproduce the model's logits in PyTorch")

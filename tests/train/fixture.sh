@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Test fixture: small real data (license texts every Debian machine has) and small models,
-# exported with Debian's python3-torch. Usage: fixture.sh MFSDP_BIN OUT_DIR
+# exported with the torch of $MFSDP_PYTHON (the project venv). Usage: fixture.sh MFSDP_BIN OUT_DIR
 set -euo pipefail
 bin=$1 out=$2
+PY=${MFSDP_PYTHON:?set MFSDP_PYTHON to the python with the torch mfsdp links (CTest does)}
 mkdir -p "$out"
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 /usr/share/common-licenses/LGPL-3 \
     /usr/share/common-licenses/MPL-2.0 > "$out/licenses.txt"
 "$bin" prepare-data -i "$out/licenses.txt" -o "$out/licenses" --split-lines
 here=$(cd "$(dirname "$0")/../.." && pwd)
-export_model() { /usr/bin/python3 "$here/scripts/export_model.py" "$@"; }
+export_model() { "$PY" "$here/scripts/export_model.py" "$@"; }
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --out "$out/gpt.pt"
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --trace --out "$out/gpt_traced.pt"
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --untied --out "$out/gpt_untied.pt"
@@ -17,8 +18,8 @@ export_model --arch gpt --layers 1 --d-model 32 --heads 2 --vocab 200 --max-seq 
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --no-tp-plan --out "$out/gpt_noplan.pt"
 # A model written apart from export_model.py, following only the README contract; its TP plan is
 # in foreign.yaml (fused q/k/v with unequal GQA parts, a colwise_rep output head).
-/usr/bin/python3 "$here/tests/train/foreign_model.py" "$out/foreign.pt"
-/usr/bin/python3 "$here/tests/train/foreign_model.py" "$out/foreign_hf.pt" --hf  # body under `model`, head at the root
+"$PY" "$here/tests/train/foreign_model.py" "$out/foreign.pt"
+"$PY" "$here/tests/train/foreign_model.py" "$out/foreign_hf.pt" --hf  # body under `model`, head at the root
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"

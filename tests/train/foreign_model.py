@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A model written apart from scripts/export_model.py, as a user would write one, following only the
 README's model contract: torchtitan-style names, a fused q/k/v projection with grouped-query
 attention (unequal packed parts), no stored tensor-parallel plan (its plan lives in the test YAML).

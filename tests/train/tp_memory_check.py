@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Per-rank parameter bytes under tensor parallelism, against the model file itself.
 
     tp_memory_check.py MODEL.pt RUN_TP1 RUN_TP2
