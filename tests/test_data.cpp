@@ -202,6 +202,45 @@ TEST_CASE("blends follow the weights exactly and deterministically") {
   CHECK(ones == 100);
 }
 
+TEST_CASE("blends keep constant state whatever the number of samples drawn, in any access order") {
+  auto p1 = write_megatron("c1", {{1, 1, 1, 1, 1, 1, 1, 1, 1}}, 8);
+  auto p2 = write_megatron("c2", {{2, 2, 2, 2, 2, 2, 2, 2, 2}}, 8);
+  auto p3 = write_megatron("c3", {{3, 3, 3, 3, 3, 3, 3, 3, 3}}, 8);
+  auto s1 = TokenSource::open(p1, "auto"), s2 = TokenSource::open(p2, "auto"), s3 = TokenSource::open(p3, "auto");
+  auto make = [&] {
+    std::vector<std::unique_ptr<GptSamples>> parts;
+    for (auto* src : {s1.get(), s2.get(), s3.get()})
+      parts.push_back(std::make_unique<GptSamples>("p", std::vector<TokenRange>{{src, 0, 9}}, 2, 1, true));
+    return std::make_unique<BlendedSamples>(std::move(parts), std::vector<double>{0.2, 0.3, 0.5});
+  };
+  // Megatron's rule written out: the dataset of every sample, by brute force.
+  std::vector<int> want;
+  std::vector<int64_t> counts(3, 0);
+  for (int i = 0; i < 300000; ++i) {
+    int best = 0;
+    double best_err = -1e300;
+    for (int d = 0; d < 3; ++d) {
+      const double err = std::vector<double>{0.2, 0.3, 0.5}[d] * (i + 1) - double(counts[d]);
+      if (err > best_err) best_err = err, best = d;
+    }
+    ++counts[best];
+    want.push_back(best + 1);
+  }
+  auto blend = make();
+  const size_t state = blend->state_bytes();
+  std::vector<int64_t> w(3);
+  for (int i = 0; i < 300000; ++i) {
+    blend->get(i, w.data());
+    if (w[0] != want[i]) FAIL("sample " << i << ": dataset " << w[0] << ", expected " << want[i]);
+  }
+  CHECK(blend->state_bytes() == state);  // nothing kept per sample
+  // Out of order (a resumed run starts far in; evaluation goes back to 0): the same answers.
+  for (int i : {250000, 250001, 17, 18, 299999, 0, 5}) {
+    blend->get(i, w.data());
+    CHECK(w[0] == want[i]);
+  }
+}
+
 TEST_CASE("pipeline: disjoint data-parallel parts that together equal the single-rank batch; valid split") {
   auto prefix = tmpdir() + "/pipe";
   {

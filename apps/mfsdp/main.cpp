@@ -38,7 +38,6 @@ int report_and_exit(const char* kind, const char* what, int code) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  mfsdp::maybe_reexec_for_blas(argc, argv);  // before libopenblas is used: see train/system.h
   // A file-size limit (a full quota) must fail the write with an error we report, not kill us.
   std::signal(SIGXFSZ, SIG_IGN);
   std::signal(SIGINT, on_sigint);

@@ -80,9 +80,18 @@ BlendedSamples::BlendedSamples(std::vector<std::unique_ptr<GptSamples>> parts, s
 }
 
 void BlendedSamples::get(int64_t index, int64_t* out) {
-  // Megatron's rule: sample i goes to the dataset furthest behind its share, w_d * (i + 1) - n_d.
-  while (int64_t(assignment_.size()) <= index) {
-    const int64_t i = static_cast<int64_t>(assignment_.size());
+  // Megatron's rule: sample i goes to the dataset furthest behind its share, w_d * (i + 1) - n_d
+  // (the first such dataset on a tie). Assignment i depends on the counts after 0..i-1, so walk
+  // forward from where the last call left off: the pipeline asks for increasing indices (a rank's
+  // samples, step after step), and only the walk's position and the per-dataset counts are kept,
+  // never an entry per sample. An index behind the walk (a new evaluation pass) restarts it.
+  if (parts_.size() == 1) return parts_[0]->get(index, out);
+  if (index < next_) {
+    next_ = 0;
+    std::fill(counts_.begin(), counts_.end(), 0);
+  }
+  for (;;) {
+    const int64_t i = next_;
     int best = 0;
     double best_err = -1e300;
     for (size_t d = 0; d < parts_.size(); ++d) {
@@ -92,10 +101,10 @@ void BlendedSamples::get(int64_t index, int64_t* out) {
         best = static_cast<int>(d);
       }
     }
-    assignment_.emplace_back(best, counts_[best]++);
+    const int64_t j = counts_[best]++;
+    ++next_;
+    if (i == index) return parts_[best]->get(j, out);
   }
-  auto [d, j] = assignment_[index];
-  parts_[d]->get(j, out);
 }
 
 namespace {

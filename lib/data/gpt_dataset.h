@@ -49,12 +49,14 @@ class BlendedSamples {
   BlendedSamples(std::vector<std::unique_ptr<GptSamples>> parts, std::vector<double> weights);
   void get(int64_t index, int64_t* out);
   size_t num_parts() const { return parts_.size(); }
+  // Bytes of assignment state held (constant in the number of samples drawn).
+  size_t state_bytes() const { return sizeof next_ + counts_.size() * sizeof(int64_t); }
 
  private:
   std::vector<std::unique_ptr<GptSamples>> parts_;
   std::vector<double> weights_;
-  std::vector<std::pair<int, int64_t>> assignment_;  // sample -> (dataset, index in it), grown on demand
-  std::vector<int64_t> counts_;
+  int64_t next_ = 0;             // the next sample index the assignment walk will place
+  std::vector<int64_t> counts_;  // samples given to each dataset before next_
 };
 
 struct Batch {

@@ -96,7 +96,11 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         dpcp_(pg.get(MeshGroup::kDpCp)),
         cp_size_(pg.get(MeshGroup::kCp).size()),
         model_cfg_(cfg.model),
-        seed_(uint64_t(cfg.training.seed)) {
+        seed_(uint64_t(cfg.training.seed)),
+        // fp32 state tensors per element the optimizer keeps (optim/optimizer.cpp): Adam's two
+        // moments, SGD's momentum buffer when momentum is on.
+        optim_states_(cfg.optimizer.name == "sgd" ? (cfg.optimizer.momentum != 0 ? 1 : 0) : 2),
+        optim_name_(cfg.optimizer.name == "sgd" && cfg.optimizer.momentum != 0 ? "sgd with momentum" : cfg.optimizer.name) {
     const bool bf16 = cfg.model.compute_dtype == "bf16";
     cd_ = bf16 ? at::kBFloat16 : at::kFloat;
     md_ = (!bf16 || d_.preserve_fp32_weights) ? at::kFloat : at::kBFloat16;
@@ -295,11 +299,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     return fmt::format(
         "megatron_fsdp {} over {} ranks (dp_shard x cp{}): {} buckets ({} units{}), compute {}, main weights {}, "
         "gradients {}; this rank holds weights {}, main weights {}, gradients {}, optimizer state ~{} "
-        "(Adam: 2 fp32 per local element); overlap: grad reduce {}, param gather {}{}{}",
+        "({}); overlap: grad reduce {}, param gather {}{}{}",
         to_string(d_.zero_dp_strategy), S_, replicate_.size() > 1 ? fmt::format(", x{} replicas", replicate_.size()) : "",
         buckets_.size(), unit_groups_.size(), d_.disable_bucketing ? ", one per parameter" : "", c10::toString(cd_),
         c10::toString(md_), c10::toString(gd_), human_bytes(double(m.weights)), human_bytes(double(m.main_weights)),
-        human_bytes(double(m.grads)), human_bytes(8.0 * double(local_elems)), d_.overlap_grad_reduce ? "on" : "off",
+        human_bytes(double(m.grads)), human_bytes(4.0 * optim_states_ * double(local_elems)),
+        optim_states_ == 0 ? optim_name_ + ": no state"
+                           : fmt::format("{}: {} fp32 per local element", optim_name_, optim_states_),
+        d_.overlap_grad_reduce ? "on" : "off",
         d_.overlap_param_gather ? "on" : "off", d_.fsdp_double_buffer ? ", double buffer" : "",
         checkpointed_calls_ ? fmt::format("; activation checkpointing: {} unit calls recomputed in backward", checkpointed_calls_)
                             : "") + init_note_;
@@ -724,6 +731,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   std::vector<int> slot_param_;  // slot -> parameter index
   const ModelConfig& model_cfg_;
   uint64_t seed_;
+  int optim_states_;
+  std::string optim_name_;
   at::ScalarType cd_, md_, gd_;
   int64_t S_ = 1, r_ = 0;
   std::vector<Bucket> buckets_;

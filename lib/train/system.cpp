@@ -10,28 +10,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <strings.h>
 
 namespace mfsdp {
-
-void maybe_reexec_for_blas(int argc, char** argv) {
-  (void)argc;
-  if (std::getenv("MFSDP_BLAS_REEXECED") || std::getenv("MFSDP_KEEP_OPENBLAS_CORETYPE")) return;
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx512f")) return;
-  const char* cur = std::getenv("OPENBLAS_CORETYPE");
-  // An AVX-512 kernel set is already chosen: nothing to do. Otherwise (unset, or an older core
-  // such as Haswell) SKYLAKEX measured 1.9x the fp32 GEMM throughput on this project's machines.
-  if (cur && (strcasecmp(cur, "SKYLAKEX") == 0 || strcasecmp(cur, "COOPERLAKE") == 0 ||
-              strcasecmp(cur, "SAPPHIRERAPIDS") == 0))
-    return;
-  if (cur) setenv("MFSDP_REPLACED_OPENBLAS_CORETYPE", cur, 1);
-  setenv("OPENBLAS_CORETYPE", "SKYLAKEX", 1);
-  // Idle OpenMP workers must sleep, not spin, or they fight OpenBLAS's threads for the cores.
-  if (!std::getenv("OMP_WAIT_POLICY")) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  setenv("MFSDP_BLAS_REEXECED", "1", 1);
-  execv("/proc/self/exe", argv);  // returns only on failure: carry on with the default kernels
-}
 
 int cores_available() {
   cpu_set_t set;
@@ -73,18 +53,14 @@ double measure_peak_tflops(bool bf16) {
 }
 
 std::string blas_description() {
+  // The torch wheel links MKL statically on x86-64 (OpenBLAS elsewhere); name what this process
+  // runs and the ATen kernels' vector width, which decides CPU throughput (bf16 GEMMs without
+  // AVX-512 BF16 or AMX are emulated and ~70x slower than fp32 on an AVX2 machine: measured).
+  std::string blas = at::hasMKL() ? "MKL" : "BLAS of the torch build";
   using CfgFn = char* (*)();
-  if (auto fn = reinterpret_cast<CfgFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) {
-    const char* core = std::getenv("OPENBLAS_CORETYPE");
-    using NameFn = char* (*)();
-    auto name = reinterpret_cast<NameFn>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-    const char* replaced = std::getenv("MFSDP_REPLACED_OPENBLAS_CORETYPE");
-    return std::string("OpenBLAS core ") + (name ? name() : "?") +
-           (core ? std::string(" (OPENBLAS_CORETYPE=") + core +
-                       (replaced ? std::string(", replacing ") + replaced + " for the AVX-512 kernels" : "") + ")"
-                 : "");
-  }
-  return "reference or unknown BLAS (install libopenblas0-pthread: about 50x faster)";
+  if (!at::hasMKL())
+    if (auto fn = reinterpret_cast<CfgFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) blas = std::string("OpenBLAS ") + fn();
+  return blas + ", CPU kernels " + at::get_cpu_capability();
 }
 
 }  // namespace mfsdp

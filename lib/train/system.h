@@ -1,13 +1,8 @@
-// The process's share of the machine: threads per rank, BLAS set-up, peak FLOP/s, memory.
+// The process's share of the machine: threads per rank, the BLAS it runs, peak FLOP/s, memory.
 #pragma once
 #include <string>
 
 namespace mfsdp {
-
-// Before anything loads libopenblas: on AVX-512 CPUs OpenBLAS may misdetect the core and use slow
-// kernels unless OPENBLAS_CORETYPE is set when the library loads, so re-execute this program once
-// with it set (argv unchanged). Returns only when no re-exec was needed or it failed.
-void maybe_reexec_for_blas(int argc, char** argv);
 
 // Cores this process may run on (its CPU affinity mask).
 int cores_available();

@@ -364,6 +364,7 @@ class Trainer {
       at::Tensor objective = cfg_.distributed.calculate_per_token_loss
                                  ? masked_sum
                                  : masked_sum / std::max(1.0, micro_tokens) / double(plant_loss_norm_ ? 1 : accum_);
+      if (plant_nan_grad_ && current_step_ == 3) objective = objective * std::nan("");  // tests only
       objective.backward();
       engine_->end_micro_batch();
     }
@@ -373,6 +374,7 @@ class Trainer {
   StepMetrics train_step(int64_t step) {
     const auto t0 = Clock::now();
     FlightRecorder::instance().set_step(step + 1);
+    current_step_ = step + 1;
     plant_mismatch_for_tests(step + 1);
     engine_->start_step();
     LossSums sums;
@@ -488,7 +490,8 @@ class Trainer {
   // Planted bugs for the oracle's own test (MFSDP_TEST_PLANT, tests/oracle): the schedule one
   // step late, clipping by the squared norm, micro-batch losses not averaged over accumulation.
   const bool plant_schedule_ = test_plant("schedule"), plant_clip_ = test_plant("clip"),
-             plant_loss_norm_ = test_plant("loss_norm");
+             plant_loss_norm_ = test_plant("loss_norm"), plant_nan_grad_ = test_plant("nan_grad");
+  int64_t current_step_ = 0;  // 1-based step being trained
   int64_t accum_ = 1, n_params_ = 0, vocab_ = 0;
   double flops_per_token_ = 0, peak_tflops_ = 1;
   Clock::time_point start_;

@@ -15,7 +15,7 @@ std::string closest_match(const std::string& word, const std::vector<std::string
 bool glob_match(const std::string& pattern, const std::string& text);
 // Human-readable byte count: 1.5 KiB, 3.0 MiB.
 std::string human_bytes(double bytes);
-// Test hook (tests/oracle): MFSDP_TEST_PLANT=optimizer|schedule|clip|loss_norm plants a known bug
+// Test hook (tests/oracle): MFSDP_TEST_PLANT=optimizer|schedule|clip|loss_norm|nan_grad plants a known bug
 // in that part of training, so that the PyTorch oracle is shown to catch it. True when `what` is
 // planted in this process.
 bool test_plant(const char* what);

@@ -415,7 +415,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", nargs="+", required=True)
     ap.add_argument("--rtol", type=float, default=1e-5, help="per-step loss, fp32")
-    ap.add_argument("--bf16-rtol", type=float, default=2e-2, help="per-step loss, bf16 compute")
+    ap.add_argument("--bf16-rtol", type=float, default=1e-2, help="per-step loss, bf16 compute")
     ap.add_argument("--grad-rtol", type=float, default=1e-5)
     ap.add_argument("--weight-rtol", type=float, default=1e-4)
     ap.add_argument("--expect-differ", action="store_true")

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Activation checkpointing under strategy 3 gathers each unit once in backward and holds no more.
+
+    recompute_check.py MODEL.pt RUN_WITHOUT RUN_WITH --micro-batches K
+
+Both runs train MODEL (strategy 3) identically but for activation_checkpointing. Checked from
+their metrics.jsonl at every step:
+  - unit_gathers (all-gathers of unit weights issued in the step) is 2 x units x K in both: one
+    gather per unit for forward, one for recompute and backward together;
+  - mem_fsdp_peak (the most the engine held) with checkpointing is at most the peak without it
+    plus half of one unit's bytes (the recompute must not keep other units gathered).
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+
+def metrics(run):
+    with open(f"{run}/metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("without")
+    ap.add_argument("with_ac")
+    ap.add_argument("--micro-batches", type=int, required=True)
+    a = ap.parse_args()
+    m = torch.jit.load(a.model)
+    units = [n for n, _ in m.named_children() if n == "blocks"]
+    blocks = list(m.blocks.children()) if units else []
+    if not blocks:
+        sys.exit(f"{a.model}: no blocks")
+    unit_bytes = sum(p.numel() * p.element_size() for p in blocks[0].parameters())
+    want = 2 * len(blocks) * a.micro_batches
+    plain, ac = metrics(a.without), metrics(a.with_ac)
+    ok = len(plain) == len(ac) > 0
+    for p, c in zip(plain, ac):
+        if p["unit_gathers"] != want or c["unit_gathers"] != want:
+            print(f"step {p['step']}: unit gathers {p['unit_gathers']} without, {c['unit_gathers']} with "
+                  f"checkpointing; expected {want} (2 x {len(blocks)} units x {a.micro_batches} micro-batches)")
+            ok = False
+        if c["mem_fsdp_peak"] > p["mem_fsdp_peak"] + unit_bytes // 2:
+            print(f"step {p['step']}: engine peak {c['mem_fsdp_peak']} B with checkpointing > {p['mem_fsdp_peak']} B "
+                  f"without + half a unit ({unit_bytes // 2} B)")
+            ok = False
+    print(f"{len(ac)} steps: {want} unit gathers per step in both runs; engine peak {ac[-1]['mem_fsdp_peak']} B with, "
+          f"{plain[-1]['mem_fsdp_peak']} B without checkpointing (unit {unit_bytes} B): {'OK' if ok else 'FAILED'}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
