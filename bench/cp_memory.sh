@@ -16,7 +16,7 @@ OUT=bench/results_cp.md
 W=$(mktemp -d)
 source bench/lib.sh
 bench_text_data "$W" "$MFSDP"
-/usr/bin/python3 scripts/export_model.py --arch gpt --layers 2 --d-model 128 --heads 4 --vocab 264 --max-seq 16384 \
+.venv/bin/python scripts/export_model.py --arch gpt --layers 2 --d-model 128 --heads 4 --vocab 264 --max-seq 16384 \
   --out "$W/gpt.pt" > /dev/null
 common=(model.path=$W/gpt.pt data.train=$W/data data.valid_fraction=0 data.shuffle=false training.max_steps=$STEPS
         training.micro_batch_size=1 training.global_batch_size=1 training.threads=1 training.eval_every=0

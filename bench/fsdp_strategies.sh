@@ -11,7 +11,7 @@ OUT=bench/results_fsdp.md
 DATA=runs/demo/data/kjv
 [ -f "$DATA.idx" ] || { echo "run scripts/demo.sh first (it prepares $DATA)"; exit 1; }
 W=$(mktemp -d)
-/usr/bin/python3 scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 128 \
+.venv/bin/python scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 128 \
   --out "$W/gpt.pt" > /dev/null
 common=(model.path=$W/gpt.pt data.train=$DATA data.valid_fraction=0 training.max_steps=$STEPS training.micro_batch_size=8
         training.global_batch_size=32 training.seq_length=128 training.threads=1 training.eval_every=0

@@ -12,7 +12,7 @@ OUT=bench/results_parallel.md
 W=$(mktemp -d)
 source bench/lib.sh
 bench_text_data "$W" "$MFSDP"
-/usr/bin/python3 scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 512 \
+.venv/bin/python scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 512 \
   --out "$W/gpt.pt" > /dev/null
 common=(model.path=$W/gpt.pt data.train=$W/data data.valid_fraction=0 training.max_steps=$STEPS
         training.micro_batch_size=4 training.global_batch_size=16 training.seq_length=256 training.threads=1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One training step of mfsdp against PyTorch (python3-torch) on the same model, data, batch and
+# One training step of mfsdp against PyTorch 2.11 eager (the same wheel mfsdp links, .venv) on the same model, data, batch and
 # threads, measured side by side in one run (this machine is shared and noisy: compare ratios).
 # Writes bench/results_train_step.md. Needs the demo's data (scripts/demo.sh prepares it).
 #   bench/train_step.sh [STEPS]
@@ -12,10 +12,9 @@ W=$(mktemp -d)
 DATA=runs/demo/data/kjv
 [ -f "$DATA.idx" ] || { echo "run scripts/demo.sh first (it prepares $DATA)"; exit 1; }
 MPIRUN=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
-# Both sides get the BLAS set-up mfsdp's launcher chooses on AVX-512 CPUs, so that the comparison is
-# of the trainers, not of the BLAS kernels.
-if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SKYLAKEX OMP_WAIT_POLICY=PASSIVE; fi
-/usr/bin/python3 scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 128 \
+# Both sides run the wheel's LibTorch and its MKL: the comparison is of the trainers.
+PY=.venv/bin/python
+.venv/bin/python scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 128 \
   --out "$W/gpt.pt" > /dev/null
 # Same shape as the reference figures in ../shared/reference/formats.md: 4 x 256, 4 heads, seq 128,
 # micro-batch 8, AdamW, one thread per process, clipping at 1.0.
@@ -29,9 +28,7 @@ run_mfsdp() {  # name np extra...
   "${MPIRUN[@]}" -np "$np" "$MFSDP" train "${common[@]}" run_dir=$W/$name "$@" > "$W/$name.log" 2>&1 || { cat "$W/$name.log" >&2; exit 1; }
   median "$W/$name"
 }
-# torch.set_num_threads does not reach OpenBLAS's own pool (one thread per core by default):
-# pin it, as mfsdp does through openblas_set_num_threads, or "1 thread" silently uses every core.
-run_torch() { OPENBLAS_NUM_THREADS=$THREADS /usr/bin/python3 bench/pytorch_step.py --data "$DATA" --micro 8 --seq 128 --steps "$STEPS" --threads $THREADS "$@" | awk '{print $2}'; }
+run_torch() { "$PY" bench/pytorch_step.py --data "$DATA" --micro 8 --seq 128 --steps "$STEPS" --threads $THREADS "$@" | awk '{print $2}'; }
 
 rows=()
 THREADS=2
@@ -52,10 +49,10 @@ for variant in fp32 bf16; do
   rows+=("| 2 processes x 1 thread, $variant (mfsdp no_shard vs DDP gloo) | $m2 | $t2 | $(python3 -c "print(f'{$m2/$t2:.2f}')") |")
 done
 {
-  echo "# One training step: mfsdp vs PyTorch 1.13 (python3-torch), same machine, same run"
+  echo "# One training step: mfsdp vs PyTorch 2.11 eager (torch wheel in .venv), same machine, same run"
   echo
   echo "GPT 4 layers x 256, 4 heads, vocab 264, seq 128, micro-batch 8 per process, AdamW, grad clipping 1.0,"
-  echo "KJV byte-level data, one thread per process unless the row says otherwise (OpenBLAS pinned to the same count). Median of steps 6..$STEPS. PyTorch bf16 = autocast;"
+  echo "KJV byte-level data, one thread per process unless the row says otherwise. Median of steps 6..$STEPS. PyTorch bf16 = autocast;"
   echo "mfsdp bf16 = bf16 compute with fp32 main weights and fp32 gradient reduction."
   echo "Written by bench/train_step.sh on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))."
   echo
@@ -63,8 +60,7 @@ done
   echo "|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
-  echo "Both run with OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset} OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-unset} (what mfsdp's launcher"
-  echo "sets on AVX-512 CPUs). A ratio below 1 means mfsdp is faster."
+  echo "Both use the wheel's MKL ($("$PY" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())') kernels). A ratio below 1 means mfsdp is faster."
 } > "$OUT"
 cat "$OUT"
 rm -rf "$W"

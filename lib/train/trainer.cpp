@@ -13,6 +13,7 @@
 #include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <torch/script.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -151,6 +152,12 @@ class Trainer {
     check_batch_against_dp(cfg_, shape_.dp());
     mesh_ = std::make_unique<DeviceMesh>(shape_, rank_);
     pg_ = std::make_unique<ProcessGroups>(*mesh_, Backend::kMpi);
+    // LibTorch seeds its generators non-deterministically: seed them from training.seed, so that
+    // dropout (and anything else random in the model) is reproducible. TP ranks share a seed (the
+    // activations around a TP region are replicated there and must be dropped alike); data- and
+    // context-parallel ranks, which hold other tokens, get their own. A resumed run restores the
+    // generator state saved in its checkpoint instead.
+    torch::manual_seed(uint64_t(cfg_.training.seed) + 100003ULL * uint64_t(mesh_->group_rank(MeshGroup::kDpCp)));
     const std::string pfx = cfg_.logging.all_ranks && world_ > 1 ? fmt::format("[rank {}] ", rank_) : "";
 
     // Threads: SLURM's cpus-per-task, else what the launcher bound us to, else an equal share of

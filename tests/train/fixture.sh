@@ -29,17 +29,7 @@ export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 
 # Residual dropout: activation checkpointing must replay the same masks in its recompute.
 export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --dropout 0.1 --out "$out/gpt_dropout.pt"
 # No repeated sibling modules: no FSDP unit is found.
-"$PY" - "$out/no_units.pt" <<'PY'
-import sys, torch
-class NoUnits(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = torch.nn.Embedding(264, 16)
-        self.head = torch.nn.Linear(16, 264)
-    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(tokens))
-torch.jit.script(NoUnits()).save(sys.argv[1])
-PY
+"$PY" "$here/tests/train/no_units_model.py" "$out/no_units.pt"
 experiment="# The parity tests' experiment: 20 steps, fp32, global batch 16 in micro-batches of 2.
 run_dir: $out/run
 data: {train: $out/licenses, valid_fraction: 0.05}
