@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Context parallelism and activation memory: one long-sequence GPT run per cp size under a per-rank
-# address-space budget (ulimit -v), all in one run. Writes bench/results_cp.md.
+# data-segment budget (ulimit -d: heap and private anonymous memory; the torch wheel's CUDA libraries
+# alone map ~2.9 GB of address space, so ulimit -v no longer measures what the run allocates), all in
+# one run. Writes bench/results_cp.md.
 #   bench/cp_memory.sh [BUDGET_MIB] [STEPS]
 # Rows: cp 1 with the model's own attention core (what runs without CP), cp 1 with mfsdp's blockwise
 # attention (measurement knob MFSDP_CP_ATTENTION_AT_CP1=1: what the algorithm alone saves), cp 2 and
@@ -28,7 +30,7 @@ run() {
   local envs=() status=ok
   while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
   [ $# -gt 0 ] && shift
-  env "${envs[@]}" mpirun --oversubscribe --allow-run-as-root -np "$np" bash -c "ulimit -v $budget_kib; exec \"\$0\" \"\$@\"" \
+  env "${envs[@]}" mpirun --oversubscribe --allow-run-as-root -np "$np" bash -c "ulimit -d $budget_kib; exec \"\$0\" \"\$@\"" \
     "$MFSDP" train "${common[@]}" training.seq_length=$seq distributed.cp_size=$np run_dir=$W/$name "$@" \
     > "$W/$name.log" 2>&1 || status=OOM
   if [ $status = OOM ] && ! grep -q "error: out of memory" "$W/$name.log"; then cat "$W/$name.log" >&2; exit 1; fi
@@ -58,8 +60,8 @@ done
   echo "# Context parallelism: peak memory per rank for long sequences"
   echo
   echo "GPT 2 x 128 (4 heads, learned positions up to 16384), one sequence per step, FSDP strategy 3 over"
-  echo "the cp ranks, one thread per rank, fp32, $STEPS steps. Each rank runs under \`ulimit -v $budget_kib\`"
-  echo "(a ${BUDGET_MIB} MiB address-space budget, which includes LibTorch's and Open MPI's mappings): a run"
+  echo "the cp ranks, one thread per rank, fp32, $STEPS steps. Each rank runs under \`ulimit -d $budget_kib\`"
+  echo "(a ${BUDGET_MIB} MiB data-segment budget: heap and private anonymous memory, LibTorch's included): a run"
   echo "that does not fit stops with an allocation error. Peak RSS is the largest process peak (MiB) over"
   echo "the steps on rank 0; step time is the median of steps 2..$STEPS. The first-step loss is the same in"
   echo "every row that fits (same tokens, same model): the rows compute the same thing."

@@ -8,6 +8,8 @@
 
 #include <atomic>
 
+#include "model/graph_rewrite.h"
+
 namespace mfsdp {
 namespace {
 
@@ -100,10 +102,6 @@ struct RngStash {
   }
 };
 
-int unit_of(const torch::jit::Module& m) {
-  return m.hasattr("_mfsdp_unit_id") ? int(m.attr("_mfsdp_unit_id").toInt()) : -1;
-}
-
 struct Checkpoint : public torch::autograd::Function<Checkpoint> {
   static variable_list forward(AutogradContext* ctx, c10::IValue module, at::TensorList inputs) {
     ctx->saved_data["module"] = module;
@@ -137,7 +135,7 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
       forward_rng.where = c10::Device(ctx->saved_data["rng_where"].toStringRef());
     }
     RngStash now = RngStash::take(detached);
-    const int unit = unit_of(m);
+    const int unit = unit_index(m);
     UnitHooks* h = g_hooks.load();
     at::Tensor out;
     {

@@ -73,6 +73,10 @@ void rewrite_forward(torch::jit::Module& unit, const std::string& path) {
 
 }  // namespace
 
+int unit_index(const torch::jit::Module& m) {
+  return m.hasattr(kUnitAttr) ? int(m.attr(kUnitAttr).toInt()) : -1;
+}
+
 bool is_tensor_value(const torch::jit::Value* v) { return v->type()->kind() == c10::TypeKind::TensorType; }
 
 torch::jit::Module submodule_at(const torch::jit::Module& root, const std::string& path) {

@@ -13,6 +13,8 @@ namespace mfsdp {
 // in any graph of the model is replaced by mfsdp::checkpoint(module, [inputs]).
 // Returns the number of unit calls replaced.
 int instrument_units(Model& model, bool checkpoint_activations);
+// The unit index instrument_units gave this module instance, or -1 (not a unit).
+int unit_index(const torch::jit::Module& m);
 
 // Whether a graph value is a Tensor (not a list, tuple, scalar or module).
 bool is_tensor_value(const torch::jit::Value* v);

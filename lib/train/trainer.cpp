@@ -252,6 +252,7 @@ class Trainer {
     const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_PROCID");
     progress_ = rank0_ && cfg_.logging.progress != "off" &&
                 (cfg_.logging.progress == "on" || (isatty(1) && !launched));
+    gathers_seen_ = engine_->gathers_issued();  // the start-up probe's gathers are not step 1's
     start_ = Clock::now();
   }
 

@@ -4,7 +4,7 @@
 Trains the same TorchScript file on the same batches as an mfsdp run, in one process with PyTorch
 eager autograd and torch.optim, and compares step by step:
 
-    reference_trainer.py --runs RUN_DIR... [--rtol 1e-5] [--grad-rtol 1e-5] [--weight-rtol 1e-4]
+    reference_trainer.py --runs RUN_DIR... [--rtol 1e-5] [--grad-rtol 1e-5] [--weight-rtol 1e-3]
                          [--expect-differ] [--report FILE]
 
 Each RUN_DIR is an mfsdp run directory: its config.yaml (the resolved config mfsdp wrote) says
@@ -417,7 +417,9 @@ def main():
     ap.add_argument("--rtol", type=float, default=1e-5, help="per-step loss, fp32")
     ap.add_argument("--bf16-rtol", type=float, default=1e-2, help="per-step loss, bf16 compute")
     ap.add_argument("--grad-rtol", type=float, default=1e-5)
-    ap.add_argument("--weight-rtol", type=float, default=1e-4)
+    ap.add_argument("--weight-rtol", type=float, default=1e-3,
+                    help="weights after the last step (a packed q/k/v bias holds the key bias, whose gradient is "
+                         "zero but for rounding: Adam turns that noise into lr-sized steps)")
     ap.add_argument("--expect-differ", action="store_true")
     a = ap.parse_args()
     try:
