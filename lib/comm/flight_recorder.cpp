@@ -40,6 +40,8 @@ struct FlightRecorder::Impl {
     uint64_t seq;
     int64_t numel, step;
     double start, end = -1;
+    std::function<bool()> done;  // device collectives: polled by the watchdog
+    std::function<void()> abort;
   };
   std::mutex mu;
   std::deque<Entry> entries;
@@ -72,7 +74,7 @@ uint64_t FlightRecorder::begin(const std::string& op, const std::string& group, 
   std::vector<std::string> m;
   for (int r : members) m.push_back(std::to_string(r));
   std::lock_guard<std::mutex> lock(I->mu);
-  Impl::Entry e{I->next++, op, group, "[" + join(m, ",") + "]", dtype, I->tag, seq, numel, I->step, now_s()};
+  Impl::Entry e{I->next++, op, group, "[" + join(m, ",") + "]", dtype, I->tag, seq, numel, I->step, now_s(), -1, {}, {}};
   I->entries.push_back(e);
   while (I->entries.size() > kKeep && I->entries.front().end >= 0) I->entries.pop_front();
   return e.handle;
@@ -84,6 +86,17 @@ void FlightRecorder::end(uint64_t handle) {
   for (auto it = I->entries.rbegin(); it != I->entries.rend(); ++it)
     if (it->handle == handle) {
       it->end = now_s();
+      break;
+    }
+}
+
+void FlightRecorder::watch(uint64_t handle, std::function<bool()> done, std::function<void()> abort) {
+  Impl* I = impl();
+  std::lock_guard<std::mutex> lock(I->mu);
+  for (auto it = I->entries.rbegin(); it != I->entries.rend(); ++it)
+    if (it->handle == handle) {
+      it->done = std::move(done);
+      it->abort = std::move(abort);
       break;
     }
 }
@@ -145,6 +158,12 @@ void FlightRecorder::start_watchdog(double timeout_s, const std::string& run_dir
       I->cv.wait_for(lock, std::chrono::milliseconds(250));
       if (I->stop) break;
       const double t = now_s();
+      for (auto& e : I->entries)  // device collectives end when their completion event has fired
+        if (e.end < 0 && e.done && e.done()) {
+          e.end = t;
+          e.done = nullptr;
+          e.abort = nullptr;
+        }
       const Impl::Entry* stuck = nullptr;
       for (const auto& e : I->entries)
         if (e.end < 0 && t - e.start > I->timeout_s) {
@@ -152,6 +171,8 @@ void FlightRecorder::start_watchdog(double timeout_s, const std::string& run_dir
           break;
         }
       if (!stuck) continue;
+      for (auto& e : I->entries)  // hung device work fails instead of spinning on the GPU
+        if (e.end < 0 && e.abort) e.abort();
       const std::string what = fmt::format(
           "{} #{} on group {} {} ({} elements, {}{}) has not finished after {:.0f} s (distributed.timeout_s = {:g}) "
           "at step {}",

@@ -6,6 +6,7 @@
 // reads the records of all ranks and says which rank diverged and where.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,11 @@ class FlightRecorder {
   uint64_t begin(const std::string& op, const std::string& group, const std::vector<int>& members, uint64_t seq,
                  int64_t numel, const std::string& dtype);
   void end(uint64_t handle);
+  // For collectives that finish on a device (NCCL): the watchdog thread polls `done` and ends the
+  // record when it returns true; if the collective hangs past the timeout it calls `abort` (for
+  // example ncclCommAbort, so that the device work fails instead of spinning) before ending the job.
+  // Both run on the watchdog thread and must be thread-safe.
+  void watch(uint64_t handle, std::function<bool()> done, std::function<void()> abort);
   void set_step(int64_t step);
   void set_tag(const std::string& tag);  // applies to collectives begun afterwards on this process
   // Starts the watchdog (once). rank, run_dir: where records go.

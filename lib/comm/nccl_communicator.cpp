@@ -1,15 +1,25 @@
-// The NCCL backend (CUDA tensors). Compiled only when the LibTorch found has CUDA (or when
-// MFSDP_WITH_NCCL=ON forces a compile check); see the top-level CMakeLists.txt.
+// The NCCL backend (CUDA tensors). Compiled when the LibTorch found has CUDA (the torch wheel
+// does); see the top-level CMakeLists.txt. Built and linked here, not yet run on a GPU.
 //
-// Each communicator owns a CUDA stream. A collective first orders its stream after the work
-// already queued on the caller's stream (an event), then runs, then records a completion event.
-// Work::wait() orders the caller's stream after that event without blocking the host, as c10d's
-// ProcessGroupNCCL does; is_completed() queries the event.
+// Each communicator owns a CUDA stream from torch's pool. A collective first orders that stream
+// after the work already queued on the caller's stream -- torch's *current* stream, which is what
+// the caller's kernels run on (not the legacy default stream) -- then runs, then records a
+// completion event. Work::wait() orders the caller's current stream after that event without
+// blocking the host, as c10d's ProcessGroupNCCL does; is_completed() queries the event. Both first
+// ask NCCL for an asynchronous error of the communicator and throw it.
+//
+// Lifetime: the work object holds every tensor the collective reads or writes until wait() (c10d
+// keeps them referenced the same way since it stopped using record_stream): a caller that drops
+// its last reference to an input right after launching (the barrier's scratch tensor, a gradient
+// buffer) cannot hand the memory back to the caching allocator while NCCL still uses it. After
+// wait() the caller's stream is ordered after the collective, so freeing on that stream is safe.
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include "comm/communicator.h"
+#include "comm/flight_recorder.h"
 #include "comm/mpi_env.h"
 
 namespace mfsdp {
@@ -45,18 +55,41 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-// The stream the caller computes on. Torch's default CUDA stream is the legacy default stream.
-cudaStream_t caller_stream() { return cudaStreamLegacy; }
+// The stream the caller computes on: torch's current stream of the current device.
+cudaStream_t caller_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
 class NcclWork final : public Work {
  public:
-  explicit NcclWork(cudaEvent_t done) : done_(done) {}
-  ~NcclWork() override { cudaEventDestroy(done_); }
-  void wait() override { cuda_check(cudaStreamWaitEvent(caller_stream(), done_, 0), "cudaStreamWaitEvent"); }
-  bool is_completed() override { return cudaEventQuery(done_) == cudaSuccess; }
+  NcclWork(cudaEvent_t done, ncclComm_t comm, std::string what, std::vector<at::Tensor> tensors)
+      : done_(done), comm_(comm), what_(std::move(what)), tensors_(std::move(tensors)) {}
+  ~NcclWork() override {
+    // Never let memory go back to the allocator while the collective may still use it.
+    if (!tensors_.empty()) cudaStreamWaitEvent(caller_stream(), done_, 0);
+    cudaEventDestroy(done_);
+  }
+  void wait() override {
+    check_async_error();
+    cuda_check(cudaStreamWaitEvent(caller_stream(), done_, 0), what_ + ": cudaStreamWaitEvent");
+    tensors_.clear();
+  }
+  bool is_completed() override {
+    check_async_error();
+    return event_done();
+  }
+  // The completion event has fired (no error check: the watchdog's probe).
+  bool event_done() const { return cudaEventQuery(done_) == cudaSuccess; }
 
  private:
+  void check_async_error() const {
+    ncclResult_t async = ncclSuccess;
+    nccl_check(ncclCommGetAsyncError(comm_, &async), what_ + ": ncclCommGetAsyncError");
+    if (async != ncclSuccess && async != ncclInProgress)
+      throw std::runtime_error(what_ + " failed: " + ncclGetErrorString(async) + " (" + ncclGetLastError(comm_) + ")");
+  }
   cudaEvent_t done_;
+  ncclComm_t comm_;
+  std::string what_;
+  std::vector<at::Tensor> tensors_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -73,19 +106,16 @@ class NcclCommunicator final : public Communicator {
     if (MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, comm) != MPI_SUCCESS)
       throw std::runtime_error(this->name() + ": broadcasting the NCCL unique id over MPI failed");
     nccl_check(ncclCommInitRank(&comm_, size, id, rank), this->name() + ": ncclCommInitRank");
-    cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    stream_ = c10::cuda::getStreamFromPool(/*isHighPriority=*/true).stream();
     if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
   }
-  ~NcclCommunicator() override {
-    ncclCommDestroy(comm_);
-    cudaStreamDestroy(stream_);
-  }
+  ~NcclCommunicator() override { ncclCommDestroy(comm_); }  // pool streams belong to torch
   Backend backend() const override { return Backend::kNccl; }
 
   WorkHandle all_gather_async(const at::Tensor& out, const at::Tensor& in) override {
     check_gather_pair(out, in, "all_gather");
     check_cuda(in, "all_gather");
-    return launch([&] {
+    return launch("all_gather", {out, in}, [&] {
       nccl_check(ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), nccl_type(in.scalar_type()), comm_, stream_),
                  name() + ": ncclAllGather");
     });
@@ -93,7 +123,7 @@ class NcclCommunicator final : public Communicator {
   WorkHandle reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
     check_gather_pair(in, out, "reduce_scatter");
     check_cuda(in, "reduce_scatter");
-    return launch([&] {
+    return launch("reduce_scatter", {out, in}, [&] {
       nccl_check(ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), nccl_type(in.scalar_type()),
                                    nccl_op(op), comm_, stream_),
                  name() + ": ncclReduceScatter");
@@ -102,7 +132,7 @@ class NcclCommunicator final : public Communicator {
   WorkHandle all_reduce_async(const at::Tensor& t, ReduceOp op) override {
     check_tensor(t, "the", "all_reduce");
     check_cuda(t, "all_reduce");
-    return launch([&] {
+    return launch("all_reduce", {t}, [&] {
       nccl_check(ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), nccl_op(op), comm_,
                                stream_),
                  name() + ": ncclAllReduce");
@@ -111,7 +141,7 @@ class NcclCommunicator final : public Communicator {
   WorkHandle broadcast_async(const at::Tensor& t, int root) override {
     check_tensor(t, "the", "broadcast");
     check_cuda(t, "broadcast");
-    return launch([&] {
+    return launch("broadcast", {t}, [&] {
       nccl_check(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.numel(), nccl_type(t.scalar_type()), root, comm_, stream_),
                  name() + ": ncclBroadcast");
     });
@@ -121,7 +151,7 @@ class NcclCommunicator final : public Communicator {
     check_tensor(recv, "the received", "send_recv");
     check_cuda(send, "send_recv");
     check_cuda(recv, "send_recv");
-    return launch([&] {
+    return launch("send_recv", {send, recv}, [&] {
       nccl_check(ncclGroupStart(), name() + ": ncclGroupStart");
       nccl_check(ncclSend(send.data_ptr(), send.numel(), nccl_type(send.scalar_type()), dst, comm_, stream_),
                  name() + ": ncclSend");
@@ -131,14 +161,20 @@ class NcclCommunicator final : public Communicator {
     });
   }
   WorkHandle barrier_async() override {
-    // NCCL has no barrier: a one-element all-reduce orders every member, as c10d does.
+    // NCCL has no barrier: a one-element all-reduce orders every member, as c10d does. The work
+    // object keeps the scratch tensor alive until it is waited for.
     auto dummy = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
     return all_reduce_async(dummy, ReduceOp::kSum);
   }
 
  private:
+  // Every collective goes into the flight recorder with this group's next sequence number; the
+  // watchdog polls its completion event, and aborts the communicator if it hangs past the timeout.
   template <class F>
-  WorkHandle launch(F&& body) {
+  WorkHandle launch(const char* op, std::vector<at::Tensor> tensors, F&& body) {
+    auto& rec = FlightRecorder::instance();
+    const at::Tensor& first = tensors.front();
+    const uint64_t h = rec.begin(op, name(), world_ranks(), ++seq_, first.numel(), c10::toString(first.scalar_type()));
     cudaEvent_t ready, done;
     cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
     cuda_check(cudaEventRecord(ready, caller_stream()), "cudaEventRecord");
@@ -147,7 +183,20 @@ class NcclCommunicator final : public Communicator {
     body();
     cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
     cuda_check(cudaEventRecord(done, stream_), "cudaEventRecord");
-    return std::make_shared<NcclWork>(done);
+    auto work = std::make_shared<NcclWork>(done, comm_, name() + "." + op, std::move(tensors));
+    // The probe holds the work (its event outlives the caller's handle); the device is the one this
+    // process set at start-up, set again on the watchdog thread.
+    int device = 0;
+    cudaGetDevice(&device);
+    ncclComm_t comm = comm_;
+    rec.watch(
+        h,
+        [work, device] {
+          cudaSetDevice(device);
+          return work->event_done();
+        },
+        [comm] { ncclCommAbort(comm); });
+    return work;
   }
   void check_cuda(const at::Tensor& t, const char* op) const {
     if (!t.device().is_cuda())
@@ -155,6 +204,7 @@ class NcclCommunicator final : public Communicator {
   }
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  uint64_t seq_ = 0;
 };
 
 }  // namespace
