@@ -55,6 +55,9 @@ mfsdp_oracle(context_parallel RUNS cp2 cp4 cp2_tp2_s3 cp2_tp2_sp_s1 cp2_dp2_avg 
              cp2_p2p cp4_p2p_s3 cp2_tp2_sp_p2p_s3 traced_cp2 nested_cp2_tp2_sp_s3)
 mfsdp_oracle(llama RUNS llama_np1 llama_dp2 llama_s3_n4 llama_tp2_sp llama_tp2_s3_n4 llama_cp2 llama_cp4_s3
              llama_cp2_tp2_sp_s3 llama_cp4_p2p)
+# A model written apart from our exporter (tests/train/foreign_model.py), plain and in the Hugging
+# Face layout, with its TP plan in YAML.
+mfsdp_oracle(foreign_models RUNS foreign_np1 foreign_tp2_sp_s3_n4 foreign_hf_np1 foreign_hf_tp2_sp_s3_n4)
 mfsdp_oracle(loss_mask_and_decay RUNS eod_np1 eod_s3_n4 eod_s0_n2_mean eod_np1_mean eod_cp2_tp2_s3 decay_norms
              decay_weights_only)
 # bf16 compute, fp32 main weights: PyTorch computes in bf16 too, but reduces and accumulates in
