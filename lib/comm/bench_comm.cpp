@@ -93,7 +93,9 @@ BenchCommRow bench_one(Communicator& comm, const std::string& op, int64_t bytes,
   // One checked run on fresh inputs, then warm-up and timed runs (all_reduce is in place, so the
   // values of later runs are not meaningful; only the first is checked, as nccl-tests -c 1 does).
   launch()->wait();
-  at::Tensor wrong = at::full({1}, count_wrong(*result, expected), at::kLong);
+  // The verdict and the timings are reduced over the same communicator, so they live on its
+  // device too (an NCCL communicator takes CUDA tensors only).
+  at::Tensor wrong = at::full({1}, count_wrong(*result, expected), at::TensorOptions().dtype(at::kLong).device(dev));
   comm.all_reduce(wrong, ReduceOp::kSum);
   row.wrong = wrong.item<int64_t>();
   for (int i = 0; i < o.warmup_iters; ++i) launch()->wait();
@@ -102,7 +104,7 @@ BenchCommRow bench_one(Communicator& comm, const std::string& op, int64_t bytes,
   for (int i = 0; i < o.iters; ++i) launch()->wait();
   if (o.cuda) (void)result->sum().item<double>();  // NCCL wait() only orders streams: sync the host
   double t = (now_us() - t0) / std::max(1, o.iters);
-  at::Tensor tt = at::full({1}, t, at::kDouble);
+  at::Tensor tt = at::full({1}, t, at::TensorOptions().dtype(at::kDouble).device(dev));
   comm.all_reduce(tt, ReduceOp::kAvg);
   row.time_us = tt.item<double>();
   row.algbw_gbs = row.bytes / (row.time_us * 1e-6) / 1e9;
