@@ -124,3 +124,8 @@ endforeach()
 add_test(NAME oracle_expect_differ_needs_the_run
          COMMAND ${EXPECT} 2 "reference_trainer.py: error: FileNotFoundError" --
                  ${MFSDP_PYTHON} ${ORACLE} --runs ${FX}/no_such_run --expect-differ)
+# export --state names what the checkpoint's optimizer holds when asked for something else.
+add_test(NAME export_state_unknown
+         COMMAND ${EXPECT} 2 "export --state exp_avg: the checkpoint's optimizer \\(sgd\\) holds \\[momentum_buffer\\]" --
+                 ${MFSDP_BIN} export --checkpoint ${FX}/grad_np1/ckpt --out ${FX}/grad_np1/bad.safetensors --state exp_avg)
+set_tests_properties(export_state_unknown PROPERTIES FIXTURES_REQUIRED runs_grad_np1)
