@@ -323,6 +323,10 @@ TrainerState CheckpointManager::load(const std::string& dir) {
         at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle to the process-wide generator
         gen.set_state(f.get("rng/cpu").clone());
       }
+      if (model_.device().is_cuda() && f.has("rng/cuda")) {
+        at::Generator gen = at::globalContext().defaultGenerator(model_.device());
+        gen.set_state(f.get("rng/cuda").clone());
+      }
     }
     st.step = index["trainer"].at("step").get<int64_t>();
     st.consumed_samples = index["trainer"].at("consumed_samples").get<int64_t>();
@@ -378,16 +382,21 @@ void CheckpointManager::save(const TrainerState& state) {
       // Keys of TP slices name the TP rank: slices of one parameter from several TP ranks may
       // share a local offset.
       const std::string suffix = r.tp.split() ? "@tp" + std::to_string(r.tp.rank) : "";
-      tensors.emplace_back(piece_key("main", slots[i].name, r.begin) + suffix, slots[i].weight.reshape({-1}).clone());
+      // Host copies (device-to-host on a GPU run): the writer thread reads them after this returns.
+      auto host = [](const at::Tensor& t) { return t.reshape({-1}).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); };
+      tensors.emplace_back(piece_key("main", slots[i].name, r.begin) + suffix, host(slots[i].weight));
       for (const auto& kind : optimizer_.state_kinds())
-        tensors.emplace_back(piece_key(kind, slots[i].name, r.begin) + suffix,
-                             optimizer_.slot_state(kind, i, slots).reshape({-1}).clone());
+        tensors.emplace_back(piece_key(kind, slots[i].name, r.begin) + suffix, host(optimizer_.slot_state(kind, i, slots)));
       json piece = {slots[i].name, r.begin, r.end};
       if (r.tp.split()) piece.push_back(split_json(r.tp));
       pieces.push_back(piece);
     }
   }
   tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+  // A GPU run's dropout draws from the device's generator: saved too, restored when the layout
+  // (and the device type) match; a CPU run resuming a GPU checkpoint ignores it, and back.
+  if (model_.device().is_cuda())
+    tensors.emplace_back("rng/cuda", at::globalContext().defaultGenerator(model_.device()).get_state());
   const std::string file = fmt::format("rank_{:05d}.safetensors", world.rank());
   const std::string path = p->tmp_dir + "/" + file;
   auto work = [p = p.get(), tensors, pieces, file, path]() {

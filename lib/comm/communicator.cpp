@@ -43,6 +43,50 @@ void Communicator::check_gather_pair(const at::Tensor& big, const at::Tensor& sm
                                 std::to_string(big.numel()));
 }
 
+void Communicator::register_buffer(const at::Tensor&) {
+  throw UserError(name_ + ": distributed.nccl_ub registers NCCL user buffers, but this communicator's device "
+                  "collectives use " + to_string(backend()) + (backend() == Backend::kMpi ? " (CPU tensors, or CUDA "
+                  "tensors staged through host memory): there is nothing to register; set distributed.backend: nccl "
+                  "on a GPU run or nccl_ub: false" : ""));
+}
+
+namespace {
+
+class RoutingCommunicator final : public Communicator {
+ public:
+  RoutingCommunicator(std::unique_ptr<Communicator> host, std::unique_ptr<Communicator> device)
+      : Communicator(host->name(), host->rank(), host->size(), host->world_ranks()),
+        host_(std::move(host)),
+        device_(std::move(device)) {}
+  Backend backend() const override { return device_->backend(); }
+  WorkHandle all_gather_async(const at::Tensor& out, const at::Tensor& in) override {
+    return pick(in).all_gather_async(out, in);
+  }
+  WorkHandle reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    return pick(in).reduce_scatter_async(out, in, op);
+  }
+  WorkHandle all_reduce_async(const at::Tensor& t, ReduceOp op) override { return pick(t).all_reduce_async(t, op); }
+  WorkHandle broadcast_async(const at::Tensor& t, int root) override { return pick(t).broadcast_async(t, root); }
+  WorkHandle send_recv_async(const at::Tensor& send, int dst, const at::Tensor& recv, int src) override {
+    return pick(send).send_recv_async(send, dst, recv, src);
+  }
+  // A barrier orders the hosts (every rank measures at once, every rank has written its files).
+  WorkHandle barrier_async() override { return host_->barrier_async(); }
+  void register_buffer(const at::Tensor& t) override { pick(t).register_buffer(t); }
+
+ private:
+  Communicator& pick(const at::Tensor& t) { return t.defined() && t.device().is_cpu() ? *host_ : *device_; }
+  std::unique_ptr<Communicator> host_;    // declared first: destroyed after device_, which may use it
+  std::unique_ptr<Communicator> device_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_routing_communicator(std::unique_ptr<Communicator> host,
+                                                        std::unique_ptr<Communicator> device) {
+  return std::make_unique<RoutingCommunicator>(std::move(host), std::move(device));
+}
+
 std::vector<std::string> all_gather_strings(Communicator& c, const std::string& s) {
   at::Tensor len = at::full({1}, int64_t(s.size()), at::kLong), lens = at::empty({c.size()}, at::kLong);
   c.all_gather(lens, len);

@@ -57,6 +57,10 @@ class Communicator {
   virtual WorkHandle send_recv_async(const at::Tensor& send, int dst, const at::Tensor& recv, int src) = 0;
   virtual WorkHandle barrier_async() = 0;
 
+  // NCCL user-buffer registration (distributed.nccl_ub) of a persistent device buffer that this
+  // communicator's all-gathers write into; other backends say why they cannot.
+  virtual void register_buffer(const at::Tensor& t);
+
   void all_gather(const at::Tensor& out, const at::Tensor& in) { all_gather_async(out, in)->wait(); }
   void reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) {
     reduce_scatter_async(out, in, op)->wait();
@@ -87,5 +91,24 @@ std::vector<std::string> all_gather_strings(Communicator& c, const std::string& 
 // over `comm`; requires a build with NCCL (nccl_available()).
 std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, std::string name);
 bool nccl_available();
+
+// GPU runs (DESIGN.md section 11). A group's communicator routes each call by the device of its
+// tensors: CPU tensors (control values: stop flags, strings, checkpoint agreement, loss sums read
+// by the host) to `host`, an MPI communicator, and CUDA tensors to `device`. They never mix: a
+// control value never goes through NCCL on a host tensor, a gradient never through the host
+// unless the device communicator is the staged one. backend() is the device communicator's.
+std::unique_ptr<Communicator> make_routing_communicator(std::unique_ptr<Communicator> host,
+                                                        std::unique_ptr<Communicator> device);
+// CUDA tensors over MPI: each collective copies its input into pinned host memory on the caller's
+// stream, runs the MPI collective on the progress thread once that copy is done, and copies the
+// result back on the caller's stream in wait(). For several ranks on one GPU (NCCL refuses two
+// ranks of a communicator on a GPU). `host` must outlive it. CUDA builds only.
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& host);
+// NCCL communicators: the first (the world) from a unique id broadcast over MPI_COMM_WORLD, the
+// others split from it (ncclCommSplit: no second bootstrap, shared resources), each rank in the
+// group of `color` with rank order `key`. `members` are the group's world ranks.
+std::unique_ptr<Communicator> make_nccl_world(std::string name);
+std::unique_ptr<Communicator> make_nccl_split(Communicator& world, int color, int key, std::string name,
+                                              std::vector<int> members);
 
 }  // namespace mfsdp

@@ -13,4 +13,14 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm, std::string name,
                   "rebuild against a CUDA LibTorch, or run on CPU with the MPI backend");
 }
 
-}  // namespace mfsdp
+std::unique_ptr<Communicator> make_nccl_world(std::string name) {
+  return make_nccl_communicator(MPI_COMM_WORLD, std::move(name), 0, 1, {});
+}
+
+std::unique_ptr<Communicator> make_nccl_split(Communicator&, int, int, std::string name, std::vector<int>) {
+  return make_nccl_communicator(MPI_COMM_WORLD, std::move(name), 0, 1, {});
+}
+
+std::unique_ptr<Communicator> make_staged_communicator(Communicator& host) {
+  throw UserError("communicator '" + host.name() + "': CUDA tensors need a build against a CUDA LibTorch");
+}

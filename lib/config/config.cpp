@@ -575,6 +575,9 @@ void validate(Config& c) {
   if (d.nccl_ub && !d.fsdp_double_buffer)
     fail("distributed.nccl_ub", "NCCL user buffers are registered on the persistent double buffers: "
                                 "set fsdp_double_buffer: true as well");
+  if (d.backend == "nccl" && t.device == "cpu")
+    fail("distributed.backend", "nccl carries CUDA tensors; with training.device: cpu the collectives use mpi "
+                                "(set backend: auto or mpi, or device: cuda)");
   if (d.average_in_collective && d.calculate_per_token_loss)
     fail("distributed.average_in_collective",
          "cannot be combined with calculate_per_token_loss: per-token loss sums gradients over the data-parallel "

@@ -75,6 +75,10 @@ struct DistributedConfig {
 
   // A collective that has not finished after this many seconds stops the job with a flight record.
   double timeout_s = 600;
+  // Collectives on device tensors: nccl, or mpi (CUDA tensors staged through pinned host memory:
+  // several ranks on one GPU, which NCCL refuses); auto: nccl when every local rank has a GPU of
+  // its own, else mpi. CPU tensors (and control values on GPU runs) always go through MPI.
+  std::string backend = "auto";
 };
 
 // One dataset of a (possibly weighted) blend. `path` is a Megatron prefix (path.bin + path.idx)
@@ -113,6 +117,9 @@ struct TrainingConfig {
   int64_t eval_iters = 10;
   double clip_grad = 1.0;  // 0: no clipping
   std::optional<int64_t> threads;  // nullopt: cores given to this process / local ranks
+  // auto: CUDA when this build has it and the node has a GPU, else CPU. One GPU per local rank
+  // (local ranks beyond the GPU count share them round-robin).
+  std::string device = "auto";
 };
 
 struct OptimizerConfig {

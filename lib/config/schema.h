@@ -79,6 +79,7 @@ void describe(Config& c, V& v) {
     v.field("timeout_s", d.timeout_s, Check<double>([](const double& x) {
               return x >= 1 ? std::string() : std::string("a number of seconds >= 1");
             }));
+    v.field("backend", d.backend, one_of({"auto", "nccl", "mpi"}));
   });
   v.section("data", [&] {
     v.field("train", c.data.train);
@@ -101,6 +102,7 @@ void describe(Config& c, V& v) {
     v.field("eval_iters", t.eval_iters, at_least<int64_t>(1));
     v.field("clip_grad", t.clip_grad, at_least(0.0));
     v.field("threads", IntOrAuto{&t.threads}, at_least<int64_t>(1));
+    v.field("device", t.device, one_of({"auto", "cpu", "cuda"}));
   });
   v.section("optimizer", [&] {
     auto& o = c.optimizer;

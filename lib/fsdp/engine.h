@@ -32,9 +32,11 @@ class ParallelEngine {
   virtual void end_micro_batch() = 0;
   // After the last backward: waits for every reduction, then multiplies the gradients by `scale`.
   virtual void finish_grad_sync(double scale) = 0;
-  // Global L2 norm of the main gradients, every element counted once across the job.
-  virtual double grad_norm() = 0;
-  virtual void scale_grads(double s) = 0;
+  // Global L2 norm of the main gradients, every element counted once across the job: a 0-dim
+  // fp64 tensor on the engine's device (reading it is the caller's host synchronisation).
+  virtual at::Tensor grad_norm() = 0;
+  // Multiplies the main gradients by the 0-dim tensor `s` (a device-side clip coefficient).
+  virtual void scale_grads(const at::Tensor& s) = 0;
   // Names of parameters whose gradient holds a NaN or Inf (this rank's part).
   virtual std::vector<std::string> nonfinite_grads() = 0;
   virtual std::vector<OptimSlot>& slots() = 0;

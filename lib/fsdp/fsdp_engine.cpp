@@ -87,6 +87,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
  public:
   FsdpEngine(Model& model, const Config& cfg, ProcessGroups& pg)
       : model_(model),
+        dev_(model.device()),
         d_(cfg.distributed),
         strategy_(static_cast<int>(cfg.distributed.zero_dp_strategy)),
         dp_(pg.get(MeshGroup::kDp)),
@@ -112,7 +113,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     build_slots(cfg);
     if (model_.loaded_on_meta()) init_note_ = "; weights initialised shard by shard (init_fsdp_with_meta_device)";
     if (d_.fsdp_double_buffer)
-      for (auto& buf : double_buffer_) buf = at::empty({double_buffer_size_}, cd_);
+      for (auto& buf : double_buffer_) buf = at::empty({double_buffer_size_}, opt(cd_));
+    if (d_.nccl_ub)  // distributed.nccl_ub: the all-gathers write into registered memory
+      for (auto& buf : double_buffer_) shard_.register_buffer(buf);
     // Keep each accumulator alive: a hook on a node that is later recreated would never fire.
     auto& params = model_.params();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -167,7 +170,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     {
       at::NoGradGuard ng;
       if (!b.grad_full.defined()) {
-        b.grad_full = at::zeros({b.padded}, gd_);
+        b.grad_full = at::zeros({b.padded}, opt(gd_));
         track(b.padded * at::elementSize(gd_));
       }
       b.grad_full.narrow(0, info.offset, info.numel).add_(g.reshape({-1}));
@@ -231,37 +234,33 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   // Every element counted once: a TP-split parameter's slices differ across the TP group and are
   // summed over it; a replicated one is identical there and counted on this rank only. Then the
   // shards of the data-parallel group, each held by exactly one rank of it, are summed.
-  double grad_norm() override {
-    double split_sq = 0, replicated_sq = 0;
+  // On the device, no host read: the trainer reads it once per step with the loss (DESIGN.md
+  // section 11). Norms per bucket (or per slot) in the gradient dtype, squared and summed in fp64.
+  at::Tensor grad_norm() override {
+    const auto f64 = opt(at::kDouble);
+    at::Tensor split_sq = at::zeros({1}, f64), replicated_sq = at::zeros({1}, f64);
     if (tp_.size() == 1) {
-      for (auto& b : buckets_) {
-        double n = b.grad_shard.norm().item<double>();
-        replicated_sq += n * n;
-      }
+      std::vector<at::Tensor> n;
+      for (auto& b : buckets_) n.push_back(b.grad_shard.norm());
+      if (!n.empty()) replicated_sq = at::stack(n).to(at::kDouble).pow(2).sum().reshape({1});
     } else {
-      std::vector<at::Tensor> split, replicated;  // per-slot norms, read back once
+      std::vector<at::Tensor> split, replicated;
       for (size_t i = 0; i < slots_.size(); ++i)
         (model_.params()[slot_param_[i]].tp.split() ? split : replicated).push_back(slots_[i].grad.norm());
-      auto sum_sq = [](const std::vector<at::Tensor>& n) {
-        return n.empty() ? 0.0 : at::stack(n).to(at::kDouble).pow(2).sum().item<double>();
+      auto sum_sq = [&](const std::vector<at::Tensor>& n) {
+        return n.empty() ? at::zeros({1}, f64) : at::stack(n).to(at::kDouble).pow(2).sum().reshape({1});
       };
       split_sq = sum_sq(split);
       replicated_sq = sum_sq(replicated);
-      at::Tensor t = at::full({1}, split_sq, at::kDouble);
-      tp_.all_reduce(t, ReduceOp::kSum);
-      split_sq = t.item<double>();
+      tp_.all_reduce(split_sq, ReduceOp::kSum);
     }
-    double sq = split_sq + replicated_sq;
-    if (strategy_ >= 1 && shard_.size() > 1) {
-      at::Tensor t = at::full({1}, sq, at::kDouble);
-      shard_.all_reduce(t, ReduceOp::kSum);
-      sq = t.item<double>();
-    }
-    return std::sqrt(sq);
+    at::Tensor sq = split_sq + replicated_sq;
+    if (strategy_ >= 1 && shard_.size() > 1) shard_.all_reduce(sq, ReduceOp::kSum);
+    return sq.sqrt().reshape({});
   }
 
-  void scale_grads(double s) override {
-    for (auto& b : buckets_) b.grad_shard.mul_(s);
+  void scale_grads(const at::Tensor& s) override {
+    for (auto& b : buckets_) b.grad_shard.mul_(s.to(b.grad_shard.scalar_type()));
   }
 
   std::vector<std::string> nonfinite_grads() override {
@@ -568,11 +567,11 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     auto& params = model_.params();
     if (model_.loaded_on_meta()) {
       // The full buffer is reserved but never written here (no pages touched under strategy 3).
-      b.full = at::empty({b.padded}, cd_);
+      b.full = at::empty({b.padded}, opt(cd_));
       for (int pi : b.params)
         params[pi].tensor.set_data(b.full.narrow(0, info_[pi].offset, info_[pi].numel).view(params[pi].tensor.sizes()));
       if (strategy_ == 3) {
-        b.shard_w = at::empty({b.shard}, cd_);
+        b.shard_w = at::empty({b.shard}, opt(cd_));
         init_range(b, b.shard_w, r_ * b.shard);
         b.main = md_ == cd_ ? b.shard_w : b.shard_w.to(md_);
         b.gathered = true;
@@ -584,11 +583,11 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         shard_.all_gather(b.full, mine);  // strategies 0-2 hold the full weights
         b.main = md_ == cd_ ? (strategy_ == 0 ? b.full : mine) : (strategy_ == 0 ? b.full : mine).to(md_);
       }
-      if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, gd_);
-      b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, gd_);
+      if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, opt(gd_));
+      b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, opt(gd_));
       return;
     }
-    b.full = at::zeros({b.padded}, cd_);
+    b.full = at::zeros({b.padded}, opt(cd_));
     for (int pi : b.params) {
       const ParamInfo& info = info_[pi];
       at::Tensor view = b.full.narrow(0, info.offset, info.numel).view(params[pi].tensor.sizes());
@@ -607,8 +606,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       at::Tensor mine = b.full.narrow(0, r_ * b.shard, b.shard);
       b.main = md_ == cd_ ? mine : mine.to(md_);
     }
-    if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, gd_);
-    b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, gd_);
+    if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, opt(gd_));
+    b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, opt(gd_));
     (void)index;
   }
 
@@ -673,7 +672,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         track(-b.padded * int64_t(at::elementSize(gd_)));
       }
       b.reduces.clear();
-      at::Tensor out = at::empty({b.shard}, gd_);
+      at::Tensor out = at::empty({b.shard}, opt(gd_));
       b.reduces.push_back({shard_.reduce_scatter_async(out, b.grad_full, op), out, b.grad_full});
       b.grad_full = at::Tensor();  // the next backward starts a new one; this one is freed when reduced
     }
@@ -689,9 +688,12 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     if (d_.fsdp_double_buffer && b.unit >= 0) {
       // Two persistent buffers used alternately by consecutive units: nothing is allocated.
       void* p = static_cast<char*>(double_buffer_[b.unit % 2].data_ptr()) + b.dbuf_offset * at::elementSize(cd_);
-      storage(b)->set_data_ptr_noswap(at::DataPtr(p, at::Device(at::kCPU)));
+      storage(b)->set_data_ptr_noswap(at::DataPtr(p, dev_));
     } else {
-      storage(b)->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bytes));
+      // The storage's own allocator: the CPU's, or CUDA's caching allocator on the current stream
+      // (the caller's), where release() hands it back after the gather's wait() ordered that stream
+      // after the collective (DESIGN.md section 11).
+      storage(b)->set_data_ptr_noswap(storage(b)->allocator()->allocate(bytes));
       track(int64_t(bytes));
     }
     storage(b)->set_nbytes(bytes);
@@ -718,13 +720,15 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     if (strategy_ != 3 || !b.gathered) return;
     wait_gather(b);  // never free memory a collective is writing into
     if (!(d_.fsdp_double_buffer && b.unit >= 0)) track(-int64_t(storage(b)->nbytes()));
-    storage(b)->set_data_ptr_noswap(at::DataPtr(nullptr, at::Device(at::kCPU)));
+    storage(b)->set_data_ptr_noswap(at::DataPtr(nullptr, dev_));
     storage(b)->set_nbytes(0);
     b.gathered = false;
   }
 
   Model& model_;
+  c10::Device dev_;  // where every buffer lives: the model's device
   const DistributedConfig& d_;
+  at::TensorOptions opt(at::ScalarType t) const { return at::TensorOptions().dtype(t).device(dev_); }
   int strategy_;
   Communicator &dp_, &shard_, &replicate_, &tp_, &dpcp_;
   int cp_size_ = 1;
@@ -766,9 +770,11 @@ torch::autograd::variable_list GradReadyHook::operator()(const torch::autograd::
 
 std::unique_ptr<ParallelEngine> make_engine(Model& model, const Config& cfg, ProcessGroups& pg) {
   const auto& d = cfg.distributed;
-  if (d.nccl_ub)
-    throw ConfigError(cfg.where("distributed.nccl_ub") + ": distributed.nccl_ub registers NCCL user buffers; this run "
-                      "uses the MPI backend on CPU tensors, where there is nothing to register");
+  if (d.nccl_ub && pg.get(MeshGroup::kDpShardCp).backend() != Backend::kNccl)
+    throw ConfigError(cfg.where("distributed.nccl_ub") + ": distributed.nccl_ub registers NCCL user buffers, but this "
+                      "run's collectives use MPI (" + (model.device().is_cuda() ? "CUDA tensors staged through host "
+                      "memory: distributed.backend mpi, or several ranks on one GPU" : "CPU tensors") +
+                      "), where there is nothing to register; use training.device: cuda with distributed.backend: nccl");
   return std::make_unique<FsdpEngine>(model, cfg, pg);
 }
 

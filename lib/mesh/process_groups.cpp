@@ -6,7 +6,11 @@
 
 namespace mfsdp {
 
-ProcessGroups::ProcessGroups(const DeviceMesh& mesh, Backend backend) : mesh_(mesh) {
+ProcessGroups::ProcessGroups(const DeviceMesh& mesh, Backend backend, bool cuda) : mesh_(mesh) {
+  if (backend == Backend::kNccl && !cuda) throw std::logic_error("the NCCL backend carries CUDA tensors only");
+  // NCCL: one bootstrap for the world (an id over MPI), every group split from it.
+  std::unique_ptr<Communicator> nccl_world;
+  if (cuda && backend == Backend::kNccl) nccl_world = make_nccl_world("world/nccl");
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world != mesh.shape().world())
@@ -19,7 +23,18 @@ ProcessGroups::ProcessGroups(const DeviceMesh& mesh, Backend backend) : mesh_(me
     if (MPI_Comm_split(MPI_COMM_WORLD, mesh.group_color(group), static_cast<int>(mesh.group_rank(group)), &comm) !=
         MPI_SUCCESS)
       throw std::runtime_error(std::string("MPI_Comm_split for mesh group ") + to_string(group) + " failed");
-    comms_[g] = make_communicator(backend, comm, to_string(group));
+    auto host = make_communicator(Backend::kMpi, comm, to_string(group));
+    if (!cuda) {
+      comms_[g] = std::move(host);
+      continue;
+    }
+    std::unique_ptr<Communicator> device;
+    if (backend == Backend::kNccl)
+      device = make_nccl_split(*nccl_world, int(mesh.group_color(group)), int(mesh.group_rank(group)),
+                               std::string(to_string(group)) + "/nccl", host->world_ranks());
+    else
+      device = make_staged_communicator(*host);
+    comms_[g] = make_routing_communicator(std::move(host), std::move(device));
   }
 }
 

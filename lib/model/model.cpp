@@ -35,7 +35,7 @@ void set_param(torch::jit::Module root, const std::string& dotted, const at::Ten
 }
 }  // namespace
 
-Model Model::load(const std::string& path, bool on_meta) {
+Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   if (const char* mode = std::getenv("MFSDP_JIT_EXECUTOR")) {  // measurement knob (bench/)
     std::string v = mode;
     if (v == "simple") { torch::jit::getProfilingMode() = false; torch::jit::getExecutorMode() = false; }
@@ -45,9 +45,10 @@ Model Model::load(const std::string& path, bool on_meta) {
   Model m;
   m.path_ = path;
   m.on_meta_ = on_meta;
+  m.device_ = device;
   try {
     torch::jit::ExtraFilesMap extra{{"mfsdp/tp_plan.json", ""}};
-    m.module_ = torch::jit::load(path, on_meta ? c10::Device(c10::kMeta) : c10::Device(at::kCPU), extra);
+    m.module_ = torch::jit::load(path, on_meta ? c10::Device(c10::kMeta) : device, extra);
     m.stored_tp_plan_ = extra["mfsdp/tp_plan.json"];
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();

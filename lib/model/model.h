@@ -36,8 +36,11 @@ class Model {
   // on_meta: tensors go to the meta device (read one at a time and dropped: the file's weights never
   // exist in memory); parameters become empty CPU placeholders for the engine to fill shard by
   // shard. A model with non-empty buffers cannot be loaded so: its buffer values live only in the file.
-  static Model load(const std::string& path, bool on_meta = false);
+  // device: where the parameters and buffers go (the file is mapped straight onto it); with
+  // on_meta the placeholders stay on the CPU and the engine allocates the shards on `device`.
+  static Model load(const std::string& path, bool on_meta = false, c10::Device device = c10::Device(c10::kCPU));
   bool loaded_on_meta() const { return on_meta_; }
+  c10::Device device() const { return device_; }
 
   torch::jit::Module& module() { return module_; }
   const torch::jit::Module& module() const { return module_; }
@@ -78,6 +81,7 @@ class Model {
   std::vector<ModelParam> params_;
   std::vector<ModelUnit> units_;
   bool on_meta_ = false;
+  c10::Device device_{c10::kCPU};
   std::string stored_tp_plan_;
 };
 

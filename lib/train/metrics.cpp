@@ -38,6 +38,9 @@ void MetricsWriter::write(const StepMetrics& m) {
       m.mem_grads, m.mem_optimizer, m.mem_fsdp_peak);
   if (m.val_loss) line += fmt::format(", \"val_loss\": {}", num(*m.val_loss));
   line += fmt::format(", \"unit_gathers\": {}, \"skipped_total\": {}", m.unit_gathers, m.skipped_total);
+  if (m.on_device)
+    line += fmt::format(", \"device_mem_allocated\": {}, \"device_mem_reserved\": {}, \"device_mem_peak\": {}",
+                        m.device_allocated, m.device_reserved, m.device_peak);
   if (m.skipped) line += ", \"skipped\": true";
   line += "}\n";
   if (std::fputs(line.c_str(), f_) < 0 || std::fflush(f_) != 0)

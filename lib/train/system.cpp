@@ -1,5 +1,7 @@
 #include "train/system.h"
 
+#include "device/device.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
@@ -36,20 +38,26 @@ double peak_memory_mib() {
   return double(ru.ru_maxrss) / 1024.0;
 }
 
-double measure_peak_tflops(bool bf16) {
-  const int64_t n = 512;
-  auto opts = at::TensorOptions().dtype(bf16 ? at::kBFloat16 : at::kFloat);
+double measure_peak_tflops(bool bf16, c10::Device device) {
+  // On a GPU, GEMMs big enough to reach the tensor cores' rate (8192^3 bf16 runs at ~790 TFLOP/s
+  // on an H200, gpu.md); timed between device synchronisations. On the CPU, 512^3 with this
+  // rank's threads.
+  const int64_t n = device.is_cuda() ? 8192 : 512;
+  auto opts = at::TensorOptions().dtype(bf16 ? at::kBFloat16 : at::kFloat).device(device);
   at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts), c;
   for (int i = 0; i < 3; ++i) c = at::mm(a, b);
+  synchronize(device);
   int iters = 0;
   auto t0 = std::chrono::steady_clock::now();
   double secs = 0;
   while (secs < 0.25) {
-    c = at::mm(a, b);
-    ++iters;
+    const int batch = device.is_cuda() ? 10 : 1;
+    for (int i = 0; i < batch; ++i) c = at::mm(a, b);
+    synchronize(device);
+    iters += batch;
     secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  return 2.0 * n * n * n * iters / secs / 1e12;
+  return 2.0 * double(n) * double(n) * double(n) * iters / secs / 1e12;
 }
 
 std::string blas_description() {

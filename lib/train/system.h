@@ -1,5 +1,6 @@
 // The process's share of the machine: threads per rank, the BLAS it runs, peak FLOP/s, memory.
 #pragma once
+#include <c10/core/Device.h>
 #include <string>
 
 namespace mfsdp {
@@ -11,7 +12,7 @@ void set_threads(int n);
 // Resident-set high-water mark of this process, in MiB.
 double peak_memory_mib();
 // Dense matmul throughput of this rank with its threads, in TFLOP/s, for MFU.
-double measure_peak_tflops(bool bf16);
+double measure_peak_tflops(bool bf16, c10::Device device = c10::Device(c10::kCPU));
 std::string blas_description();
 
 }  // namespace mfsdp

@@ -30,6 +30,7 @@
 #include "comm/flight_recorder.h"
 #include "comm/mpi_env.h"
 #include "data/gpt_dataset.h"
+#include "device/device.h"
 #include "fsdp/engine.h"
 #include "mesh/device_mesh.h"
 #include "mesh/process_groups.h"
@@ -75,8 +76,24 @@ void write_file_atomically(const std::string& path, const std::string& text) {
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) throw UserError(path + ": cannot write: " + std::strerror(errno));
 }
 
+// A micro-batch's loss: the masked sum stays where it was computed (a device scalar on a GPU run,
+// read by the host once per step); the token count comes from the host copy of the mask.
 struct LossSums {
-  double loss_sum = 0, tokens = 0;
+  at::Tensor loss_sum;
+  double tokens = 0;
+  void add(const LossSums& o) {
+    loss_sum = loss_sum.defined() ? loss_sum + o.loss_sum : o.loss_sum;
+    tokens += o.tokens;
+  }
+};
+
+// A micro-batch on its way to the device: the host batch's token count and largest id (checked
+// against the vocabulary before it is used), and the device copies, issued as non-blocking copies
+// from pinned memory ahead of the step that uses them.
+struct ReadyBatch {
+  Batch device;
+  double tokens = 0;
+  int64_t max_token = 0;
 };
 
 class Trainer {
@@ -151,7 +168,9 @@ class Trainer {
     shape_ = resolve_mesh_shape(cfg_, world_);
     check_batch_against_dp(cfg_, shape_.dp());
     mesh_ = std::make_unique<DeviceMesh>(shape_, rank_);
-    pg_ = std::make_unique<ProcessGroups>(*mesh_, Backend::kMpi);
+    device_ = select_device(cfg_.training.device, MpiEnv::local_rank(), cfg_.where("training.device"));
+    const Backend backend = resolve_backend();
+    pg_ = std::make_unique<ProcessGroups>(*mesh_, backend, device_.is_cuda());
     // LibTorch seeds its generators non-deterministically: seed them from training.seed, so that
     // dropout (and anything else random in the model) is reproducible. TP ranks share a seed (the
     // activations around a TP region are replicated there and must be dropped alike); data- and
@@ -187,8 +206,13 @@ class Trainer {
                     fmt::format("mesh dp_replicate {} x dp_shard {} x cp {} x tp {}", shape_.dp_replicate, shape_.dp_shard,
                                 shape_.cp, shape_.tp),
                     threads, blas_description()));
+    if (device_.is_cuda())
+      log(fmt::format("device: {}; collectives on CUDA tensors: {}{}", describe_device(device_),
+                      backend == Backend::kNccl ? "nccl (two streams per group: gathers, reductions)"
+                                                : "mpi, staged through pinned host memory",
+                      "; control values: mpi"));
 
-    model_ = std::make_unique<Model>(Model::load(cfg_.model.path, cfg_.distributed.init_fsdp_with_meta_device));
+    model_ = std::make_unique<Model>(Model::load(cfg_.model.path, cfg_.distributed.init_fsdp_with_meta_device, device_));
     const std::string units = model_->find_units(cfg_.distributed.megatron_fsdp_unit_modules,
                                                  cfg_.where("distributed.megatron_fsdp_unit_modules"));
     const bool bf16 = cfg_.model.compute_dtype == "bf16";
@@ -224,11 +248,12 @@ class Trainer {
       log(fmt::format("MFU against a peak of {:.3f} TFLOP/s per rank (logging.peak_tflops)", peak_tflops_));
     } else {
       pg_->get(MeshGroup::kWorld).barrier();  // every rank measures at once: they share the cores
-      at::Tensor p = at::full({1}, measure_peak_tflops(bf16), at::kDouble);
+      at::Tensor p = at::full({1}, measure_peak_tflops(bf16, device_), at::kDouble);
       pg_->get(MeshGroup::kWorld).all_reduce(p, ReduceOp::kAvg);
       peak_tflops_ = p.item<double>();
-      log(fmt::format("MFU against a measured peak of {:.3f} TFLOP/s per rank ({} matmul, {} threads, all ranks at once)",
-                      peak_tflops_, bf16 ? "bf16" : "fp32", threads));
+      log(fmt::format("MFU against a measured peak of {:.3f} TFLOP/s per rank ({} matmul on {}, all ranks at once)",
+                      peak_tflops_, bf16 ? "bf16" : "fp32",
+                      device_.is_cuda() ? describe_device(device_) : fmt::format("{} threads", threads)));
     }
     if (cfg_.checkpoint.dir || cfg_.checkpoint.resume != "auto")
       ckpt_ = std::make_unique<CheckpointManager>(cfg_, *pg_, *model_, *engine_, *optimizer_);
@@ -278,7 +303,7 @@ class Trainer {
     const char* launcher = std::getenv("SLURM_JOB_ID") ? "slurm" : std::getenv("OMPI_COMM_WORLD_SIZE") ? "mpirun" : "singleton";
     const std::string line = fmt::format(
         "{:>5} {:<16} {:>5}/{:<5} {:<8} {:>7}  ({},{},{},{})  {}", rank_, host, MpiEnv::local_rank(), MpiEnv::local_size(),
-        "cpu", threads, mesh_->coord(MeshDim::kDpReplicate), mesh_->coord(MeshDim::kDpShard), mesh_->coord(MeshDim::kCp),
+        device_.str(), threads, mesh_->coord(MeshDim::kDpReplicate), mesh_->coord(MeshDim::kDpShard), mesh_->coord(MeshDim::kCp),
         mesh_->coord(MeshDim::kTp), launcher);
     std::string table = fmt::format("placement:\n{:>5} {:<16} {:>11} {:<8} {:>7}  {}  {}", "rank", "host", "local rank",
                                     "device", "threads", "(rep,shard,cp,tp)", "launcher");
@@ -302,7 +327,8 @@ class Trainer {
   int64_t probe_vocabulary() {
     at::NoGradGuard ng;
     model_->train(false);
-    at::Tensor tokens = at::zeros({1, 2}, at::kLong), pos = at::arange(2, at::kLong).unsqueeze(0);
+    const auto lopt = at::TensorOptions().dtype(at::kLong).device(device_);
+    at::Tensor tokens = at::zeros({1, 2}, lopt), pos = at::arange(2, lopt).unsqueeze(0);
     at::Tensor logits;
     try {
       engine_->pre_model_forward();
@@ -333,19 +359,41 @@ class Trainer {
     return logits.size(2) * (tp_->logits_sharded() ? shape_.tp : 1);
   }
 
+  // The host batch's checks and counts, then its copy to the device: pinned memory and a
+  // non-blocking copy on the current stream, so that the transfer is queued behind the work
+  // already issued (the previous step's optimizer) and the host moves on.
+  ReadyBatch make_ready(const Batch& host) {
+    ReadyBatch r;
+    r.max_token = std::max(host.tokens.max().item<int64_t>(), host.targets.max().item<int64_t>());
+    r.tokens = host.loss_mask.sum().item<double>();
+    if (!device_.is_cuda()) {
+      r.device = host;
+      return r;
+    }
+    auto up = [&](const at::Tensor& t) { return t.pin_memory().to(device_, /*non_blocking=*/true); };
+    r.device = {up(host.tokens), up(host.targets), up(host.loss_mask), up(host.position_ids)};
+    return r;
+  }
+
+  // Every micro-batch of training step `step` (0-based), read and sent on their way.
+  std::vector<ReadyBatch> fetch_step(int64_t step) {
+    std::vector<ReadyBatch> out;
+    for (int64_t k = 0; k < accum_; ++k) out.push_back(make_ready(data_->train_batch(step, k)));
+    return out;
+  }
+
   // Cross entropy of one micro-batch: returns (sum of masked token losses, masked tokens) and,
   // when `backward`, runs backward on the normalised objective.
-  LossSums micro_batch(const Batch& full, bool backward) {
+  LossSums micro_batch(const ReadyBatch& ready, bool backward) {
     // Targets are the tokens shifted by one: together they are every token of the window.
-    const int64_t max_token = std::max(full.tokens.max().item<int64_t>(), full.targets.max().item<int64_t>());
-    if (max_token >= vocab_)
+    if (ready.max_token >= vocab_)
       throw UserError(fmt::format("data: token id {} does not fit the model's vocabulary of {} ({}): the dataset was "
                                   "made with a larger vocabulary than the model",
-                                  max_token, vocab_, cfg_.model.path));
+                                  ready.max_token, vocab_, cfg_.model.path));
     // Context parallel: this rank's chunks of every sequence; the micro-batch's loss is still
     // normalised by all of its tokens.
-    const Batch b = cp_->slice(full);
-    const double micro_tokens = full.loss_mask.sum().item<double>();
+    const Batch b = cp_->slice(ready.device);
+    const double micro_tokens = ready.tokens;
     engine_->pre_model_forward();
     at::Tensor logits = model_->forward(b.tokens, b.position_ids);
     if (logits.dim() != 3 || logits.size(0) != b.tokens.size(0) || logits.size(1) != b.tokens.size(1))
@@ -365,7 +413,7 @@ class Trainer {
                                                  at::Reduction::None);
     at::Tensor mask = b.loss_mask.reshape({-1});
     at::Tensor masked_sum = (ce * mask).sum();
-    LossSums out{masked_sum.item<double>(), mask.sum().item<double>()};
+    LossSums out{masked_sum.detach().to(at::kDouble), micro_tokens};
     if (backward) {
       // calculate_per_token_loss: sum now, divide by the global token count after the reduction.
       // Otherwise: this micro-batch's mean, averaged over micro-batches (and over dp by the engine).
@@ -379,31 +427,55 @@ class Trainer {
     return out;
   }
 
+  // Loss sum (device, reduced over dp x cp on the device communicator: CP ranks hold parts of the
+  // same sequences) and token count (host, counted on whole micro-batches, reduced over dp through
+  // MPI: no device round trip).
+  std::pair<at::Tensor, double> global_sums(const LossSums& sums) {
+    at::Tensor loss = sums.loss_sum.reshape({1}).clone();
+    pg_->get(MeshGroup::kDpCp).all_reduce(loss, ReduceOp::kSum);
+    at::Tensor tokens = at::full({1}, sums.tokens, at::kDouble);
+    pg_->get(MeshGroup::kDp).all_reduce(tokens, ReduceOp::kSum);
+    return {loss, tokens.item<double>()};
+  }
+
   StepMetrics train_step(int64_t step) {
     const auto t0 = Clock::now();
     FlightRecorder::instance().set_step(step + 1);
     current_step_ = step + 1;
     plant_mismatch_for_tests(step + 1);
+    reset_device_peak(device_);
+    // This step's batches were fetched at the end of the previous one (its copies overlapped the
+    // optimizer's kernels); the first step, or one after evaluation, fetches them now.
+    std::vector<ReadyBatch> batches = prefetched_step_ == step ? std::move(prefetched_) : fetch_step(step);
+    prefetched_.clear();
+    prefetched_step_ = -1;
     engine_->start_step();
     LossSums sums;
     for (int64_t k = 0; k < accum_; ++k) {
-      Batch b = data_->train_batch(step, k);
       engine_->start_micro_batch(k == accum_ - 1);
-      LossSums s = micro_batch(b, true);
-      sums.loss_sum += s.loss_sum;
-      sums.tokens += s.tokens;
+      sums.add(micro_batch(batches[size_t(k)], true));
     }
     // Loss and token count over the global batch (data-parallel ranks hold disjoint samples,
     // context-parallel ranks disjoint parts of them).
-    at::Tensor stats = at::tensor({sums.loss_sum, sums.tokens}, at::kDouble);
-    pg_->get(MeshGroup::kDpCp).all_reduce(stats, ReduceOp::kSum);
-    const double global_tokens = stats[1].item<double>();
+    auto [loss_sum, global_tokens] = global_sums(sums);
     engine_->finish_grad_sync(cfg_.distributed.calculate_per_token_loss ? 1.0 / std::max(1.0, global_tokens) : 1.0);
+
+    // Clipping by a coefficient computed on the device, as clip_grad_norm_ does: min(1, clip /
+    // (norm + 1e-6)) multiplies the gradients whatever its value (x 1 is exact), so the host need
+    // not see the norm first. A non-finite norm makes the coefficient NaN: such a step is skipped
+    // below, before any weight changes.
+    at::Tensor norm = engine_->grad_norm();
+    if (cfg_.training.clip_grad > 0) {
+      at::Tensor n = plant_clip_ ? norm * norm : norm;
+      engine_->scale_grads((cfg_.training.clip_grad / (n + 1e-6)).clamp_max(1.0));
+    }
+    // The step's one host synchronisation: loss and norm, read together.
+    at::Tensor host = at::cat({loss_sum.reshape({1}), norm.reshape({1})}).to(at::kCPU);
 
     StepMetrics m;
     m.step = step + 1;
-    m.loss = stats[0].item<double>() / std::max(1.0, global_tokens);
-    m.grad_norm = engine_->grad_norm();
+    m.loss = host[0].item<double>() / std::max(1.0, global_tokens);
+    m.grad_norm = host[1].item<double>();
     if (!std::isfinite(m.grad_norm)) {
       std::string names;
       if (cfg_.distributed.report_nan_in_param_grad) {
@@ -415,8 +487,7 @@ class Trainer {
                                     "(distributed.check_for_nan_in_grad)",
                                     m.step, rank_, m.grad_norm, m.loss, names));
       // As Megatron does when the gradients are not finite: no update (a NaN clip coefficient
-      // would otherwise pass `coeff < 1` unnoticed and the optimizer would write NaN into every
-      // weight), counted, and the schedule does not advance.
+      // would otherwise write NaN into every weight), counted, and the schedule does not advance.
       m.skipped = true;
       ++skipped_steps_;
       log(fmt::format("warning: step {}: gradient norm {}: update skipped ({} skipped so far){}", m.step, m.grad_norm,
@@ -427,14 +498,14 @@ class Trainer {
     m.lr = learning_rate(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.max_steps,
                          optimizer_->steps_taken() + (plant_schedule_ ? 0 : 1));
     if (!m.skipped) {
-      if (cfg_.training.clip_grad > 0) {
-        const double norm = plant_clip_ ? m.grad_norm * m.grad_norm : m.grad_norm;
-        const double coeff = cfg_.training.clip_grad / (norm + 1e-6);
-        if (coeff < 1.0) engine_->scale_grads(coeff);
-      }
       at::NoGradGuard ng;
       optimizer_->step(engine_->slots(), m.lr);
       engine_->install_weights();
+    }
+    // The next step's batches, read by the host while the device runs the optimizer.
+    if (step + 1 < cfg_.training.max_steps) {
+      prefetched_ = fetch_step(step + 1);
+      prefetched_step_ = step + 1;
     }
     const int64_t gathers = engine_->gathers_issued();
     m.unit_gathers = gathers - gathers_seen_;
@@ -445,6 +516,13 @@ class Trainer {
     m.tflops_per_rank = flops_per_token_ * tokens / m.step_time_s / world_ / 1e12;
     m.mfu = m.tflops_per_rank / peak_tflops_;
     m.peak_mem_mib = peak_memory_mib();
+    if (device_.is_cuda()) {
+      const DeviceMemory dm = device_memory(device_);
+      m.on_device = true;
+      m.device_allocated = dm.allocated;
+      m.device_reserved = dm.reserved;
+      m.device_peak = dm.peak_allocated;
+    }
     m.consumed_samples = m.step * cfg_.training.global_batch_size;
     const auto mem = engine_->memory();
     m.mem_weights = mem.weights;
@@ -457,7 +535,11 @@ class Trainer {
                       "during step 1 {} (process peak RSS {:.0f} MiB)",
                       rank_, human_bytes(double(m.mem_weights)), human_bytes(double(m.mem_main_weights)),
                       human_bytes(double(m.mem_grads)), human_bytes(double(m.mem_optimizer)),
-                      human_bytes(double(m.mem_fsdp_peak)), m.peak_mem_mib));
+                      human_bytes(double(m.mem_fsdp_peak)), m.peak_mem_mib) +
+          (m.on_device ? fmt::format("; {}: allocated {}, reserved {}, peak allocated during step 1 {}", device_.str(),
+                                     human_bytes(double(m.device_allocated)), human_bytes(double(m.device_reserved)),
+                                     human_bytes(double(m.device_peak)))
+                       : std::string()));
     return m;
   }
 
@@ -467,18 +549,37 @@ class Trainer {
     model_->train(false);
     LossSums sums;
     for (int64_t it = 0; it < cfg_.training.eval_iters; ++it)
-      for (int64_t k = 0; k < accum_; ++k) {
-        LossSums s = micro_batch(data_->valid_batch(it, k), false);
-        sums.loss_sum += s.loss_sum;
-        sums.tokens += s.tokens;
-      }
+      for (int64_t k = 0; k < accum_; ++k) sums.add(micro_batch(make_ready(data_->valid_batch(it, k)), false));
     model_->train(true);
-    at::Tensor stats = at::tensor({sums.loss_sum, sums.tokens}, at::kDouble);
-    pg_->get(MeshGroup::kDpCp).all_reduce(stats, ReduceOp::kSum);
-    return stats[0].item<double>() / std::max(1.0, stats[1].item<double>());
+    auto [loss_sum, tokens] = global_sums(sums);
+    return loss_sum.item<double>() / std::max(1.0, tokens);
+  }
+
+  // distributed.backend for the CUDA tensors of a GPU run (CPU runs: MPI throughout).
+  Backend resolve_backend() const {
+    if (!device_.is_cuda()) return Backend::kMpi;
+    const std::string& want = cfg_.distributed.backend;
+    const int gpus = cuda_device_count(), local = MpiEnv::local_size();
+    const bool shared = local > gpus;  // two local ranks on one GPU: NCCL refuses that
+    if (want == "mpi") return Backend::kMpi;
+    if (want == "nccl") {
+      if (!nccl_available())
+        throw ConfigError(cfg_.where("distributed.backend") + ": distributed.backend is nccl but this build has no NCCL");
+      if (shared)
+        throw ConfigError(cfg_.where("distributed.backend") + fmt::format(
+                              ": distributed.backend is nccl but {} ranks on this node share {} GPU(s), and NCCL "
+                              "refuses two ranks of one communicator on a GPU; run one rank per GPU, or set backend: "
+                              "mpi (or auto) to stage the collectives through host memory",
+                              local, gpus));
+      return Backend::kNccl;
+    }
+    return nccl_available() && !shared ? Backend::kNccl : Backend::kMpi;
   }
 
   const Config& cfg_;
+  c10::Device device_{c10::kCPU};
+  std::vector<ReadyBatch> prefetched_;  // batches of step prefetched_step_, already on the device
+  int64_t prefetched_step_ = -1;
   int rank_ = 0, world_ = 1;
   bool rank0_ = true, progress_ = false;
   MeshShape shape_;

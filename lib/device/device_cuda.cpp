@@ -1,0 +1,63 @@
+// device.h with the CUDA runtime and c10's CUDA allocator (builds against a CUDA LibTorch).
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include "device/device.h"
+#include "util/error.h"
+
+namespace mfsdp {
+
+int cuda_device_count() {
+  // c10's count never throws: no driver, or no device, is 0.
+  return int(c10::cuda::device_count());
+}
+
+bool cuda_usable() { return cuda_device_count() > 0; }
+
+c10::Device select_device(const std::string& want, int local_rank, const std::string& where) {
+  if (want == "cpu") return c10::Device(c10::kCPU);
+  const int n = cuda_device_count();
+  if (n == 0) {
+    if (want == "auto") return c10::Device(c10::kCPU);
+    throw ConfigError(where + ": training.device is cuda but this node has no usable GPU (the CUDA driver found none" +
+                      (std::getenv("CUDA_VISIBLE_DEVICES") ? std::string(", CUDA_VISIBLE_DEVICES=") +
+                                                                 std::getenv("CUDA_VISIBLE_DEVICES")
+                                                           : std::string()) +
+                      "); set training.device: cpu or auto");
+  }
+  // One GPU per local rank; more local ranks than GPUs share them round-robin (NCCL then refuses
+  // two ranks of one communicator on a GPU: distributed.backend auto picks the staged MPI path).
+  const auto index = c10::DeviceIndex(local_rank % n);
+  c10::cuda::set_device(index);
+  return c10::Device(c10::kCUDA, index);
+}
+
+void synchronize(c10::Device d) {
+  if (!d.is_cuda()) return;
+  c10::cuda::device_synchronize();
+}
+
+DeviceMemory device_memory(c10::Device d) {
+  if (!d.is_cuda()) return {};
+  const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+  const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return {st.allocated_bytes[agg].current, st.reserved_bytes[agg].current, st.allocated_bytes[agg].peak,
+          st.reserved_bytes[agg].peak};
+}
+
+void reset_device_peak(c10::Device d) {
+  if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
+}
+
+std::string describe_device(c10::Device d) {
+  if (!d.is_cuda()) return "cpu";
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, d.index()) != cudaSuccess) return d.str();
+  return fmt::format("{} {} (sm_{}{}, {:.1f} GiB)", d.str(), p.name, p.major, p.minor,
+                     double(p.totalGlobalMem) / double(1ULL << 30));
+}
+
+}  // namespace mfsdp
