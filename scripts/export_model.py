@@ -25,10 +25,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+# --attention: "math" spells softmax(QK^T/sqrt(d))V out (every backend, bit-reproducible on CPU);
+# "sdpa" calls torch's scaled_dot_product_attention (flash / memory-efficient kernels on GPUs: no
+# [T, T] score matrix in memory). Read when a CoreAttention is built.
+ATTENTION = "math"
+
+
 class CoreAttention(nn.Module):
     """Causal scaled dot-product attention on [B, H, T, D]."""
 
+    def __init__(self):
+        super().__init__()
+        self.use_sdpa = ATTENTION == "sdpa"
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.use_sdpa:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         scale = 1.0 / math.sqrt(float(q.size(-1)))
         scores = torch.matmul(q, k.transpose(-2, -1)) * scale
         keep = torch.ones_like(scores, dtype=torch.bool).tril()
@@ -301,6 +313,9 @@ def main() -> None:
     ap.add_argument("--rope-buffer", action="store_true", help="llama: keep rotary frequencies in a buffer")
     ap.add_argument("--untied", action="store_true", help="gpt: separate output head (default: tied to wte)")
     ap.add_argument("--tied", action="store_true", help="llama: tie the output head to the embedding")
+    ap.add_argument("--attention", choices=["math", "sdpa"], default="math",
+                    help="attention core: explicit softmax (default) or torch's scaled_dot_product_attention")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the weights in the file")
     ap.add_argument("--trace", action="store_true", help="torch.jit.trace instead of torch.jit.script")
     ap.add_argument("--nested", action="store_true", help="gpt: blocks grouped in two stages (blocks.K.blocks.J)")
     ap.add_argument("--no-tp-plan", action="store_true", help="do not store the default tensor-parallel plan")
@@ -311,7 +326,11 @@ def main() -> None:
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
+    global ATTENTION
+    ATTENTION = args.attention
     model = build(args).eval()
+    if args.dtype == "bf16":
+        model = model.to(torch.bfloat16)
     if args.trace:
         tokens = torch.zeros(2, 16, dtype=torch.long)
         pos = torch.arange(16).unsqueeze(0).expand(2, 16).contiguous()

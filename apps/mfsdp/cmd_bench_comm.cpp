@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "device/device.h"
 #include "comm/bench_comm.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
@@ -43,7 +44,8 @@ Runner add_bench_comm(CLI::App& cmd) {
                                        : "bench-comm --backend nccl: this build has no NCCL backend (CPU-only LibTorch)");
     const Backend be = (*backend == "nccl" || (*backend == "auto" && gpu)) ? Backend::kNccl : Backend::kMpi;
     o->cuda = be == Backend::kNccl;
-    ProcessGroups pg(mesh, be);
+    if (o->cuda) select_device("cuda", MpiEnv::local_rank(), "bench-comm");  // one GPU per local rank
+    ProcessGroups pg(mesh, be, o->cuda);
     o->groups.clear();
     for (const auto& name : *groups) {
       bool found = false;

@@ -1,5 +1,7 @@
 #include "comm/bench_comm.h"
 
+#include "device/device.h"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
@@ -99,10 +101,11 @@ BenchCommRow bench_one(Communicator& comm, const std::string& op, int64_t bytes,
   comm.all_reduce(wrong, ReduceOp::kSum);
   row.wrong = wrong.item<int64_t>();
   for (int i = 0; i < o.warmup_iters; ++i) launch()->wait();
+  synchronize(dev);  // the warm-up has finished on the device before the clock starts
   comm.barrier();
   double t0 = now_us();
   for (int i = 0; i < o.iters; ++i) launch()->wait();
-  if (o.cuda) (void)result->sum().item<double>();  // NCCL wait() only orders streams: sync the host
+  synchronize(dev);  // NCCL wait() only orders streams: the host waits for the device here
   double t = (now_us() - t0) / std::max(1, o.iters);
   at::Tensor tt = at::full({1}, t, at::TensorOptions().dtype(at::kDouble).device(dev));
   comm.all_reduce(tt, ReduceOp::kAvg);

@@ -261,7 +261,6 @@ class NcclCommunicator final : public Communicator {
   };
   std::vector<Registered> registered_;
 
-  friend std::unique_ptr<Communicator> make_nccl_split(Communicator&, int, int, std::string, std::vector<int>);
 };
 
 }  // namespace
