@@ -43,18 +43,24 @@ def flops_per_token(n_dense, a):
     return 6.0 * n_dense + 6.0 * a.layers * a.seq * a.d_model
 
 
-def gemm_peak():
-    n = 8192
-    x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def gemm_peak(device):
+    n = 8192 if device == "cuda" else 512
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(n, n, device=device, dtype=dt)
+    y = torch.randn(n, n, device=device, dtype=dt)
     for _ in range(3):
         x @ y
-    torch.cuda.synchronize()
+    sync(device)
     iters, t = 0, time.time()
     while time.time() - t < 0.5:
         for _ in range(10):
             x @ y
-        torch.cuda.synchronize()
+        sync(device)
         iters += 10
     return 2.0 * n ** 3 * iters / (time.time() - t) / 1e12
 
@@ -68,14 +74,14 @@ def write_tokens(path, count, vocab, seed=0):
         f.write(toks.tobytes())
 
 
-def run_mfsdp(a, strategy, log):
-    run = f"{a.work}/run_s{strategy}"
+def run_mfsdp(a, strategy, log, fuser=False):
+    run = f"{a.work}/run_s{strategy}{'_fuser' if fuser else ''}"
     cfg = f"""run_dir: {run}
-model: {{path: {a.work}/llama1b.pt, compute_dtype: bf16}}
-distributed: {{zero_dp_strategy: {strategy}, preserve_fp32_weights: true, backend: nccl}}
+model: {{path: {a.work}/llama1b.pt, compute_dtype: {"bf16" if a.device == "cuda" else "fp32"}}}
+distributed: {{zero_dp_strategy: {strategy}, preserve_fp32_weights: true, backend: {"nccl" if a.device == "cuda" else "auto"}}}
 data: {{train: {a.work}/tokens.bin, format: llmc}}
 training: {{max_steps: {a.steps}, global_batch_size: {a.micro}, micro_batch_size: {a.micro}, seq_length: {a.seq},
-           log_every: 1, clip_grad: 1.0, device: cuda}}
+           log_every: 1, clip_grad: 1.0, device: {a.device}}}
 optimizer: {{name: adamw, lr: 1.0e-4, weight_decay: 0.01, betas: [0.9, 0.95]}}
 lr_scheduler: {{name: constant, warmup_steps: 2}}
 logging: {{progress: 'off'}}
@@ -84,7 +90,13 @@ logging: {{progress: 'off'}}
         f.write(cfg)
     cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", "1", a.bin, "train", "-c", f"{a.work}/s{strategy}.yaml"]
     t = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=a.timeout)
+    env = dict(os.environ, MFSDP_JIT_FUSER="on" if fuser else "off")
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=a.timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        log.write(f"$ {' '.join(cmd)}\ntimed out after {a.timeout}s\n{e.stdout or ''}\n")
+        return None
     log.write(f"$ {' '.join(cmd)}\n{p.stdout}[rc {p.returncode}, {time.time() - t:.1f}s]\n")
     if p.returncode != 0:
         return None
@@ -102,22 +114,25 @@ logging: {{progress: 'off'}}
 def run_eager(a):
     torch.manual_seed(1234)
     export_model.ATTENTION = "sdpa"
-    model = export_model.build(model_args(a)).cuda().train()
+    dev = a.device
+    model = export_model.build(model_args(a)).to(dev).train()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.95), fused=True)
+                            lr=1e-4, betas=(0.9, 0.95), fused=dev == "cuda")
     data = np.memmap(f"{a.work}/tokens.bin", dtype=np.uint16, mode="r", offset=1024)
-    pos = torch.arange(a.seq, device="cuda").unsqueeze(0).expand(a.micro, a.seq).contiguous()
+    pos = torch.arange(a.seq, device=dev).unsqueeze(0).expand(a.micro, a.seq).contiguous()
     times = []
-    torch.cuda.reset_peak_memory_stats()
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for step in range(a.steps):
         w = np.stack([data[(step * a.micro + i) * a.seq:(step * a.micro + i) * a.seq + a.seq + 1]
                       for i in range(a.micro)]).astype(np.int64)
-        batch = torch.from_numpy(w).pin_memory().cuda(non_blocking=True)
-        torch.cuda.synchronize()
+        batch = torch.from_numpy(w)
+        batch = batch.pin_memory().to(dev, non_blocking=True) if dev == "cuda" else batch
+        sync(dev)
         t = time.time()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev == "cuda"):
             logits = model(batch[:, :-1], pos)
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         loss.backward()
@@ -125,12 +140,13 @@ def run_eager(a):
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss_v = loss.item()  # mfsdp reads its loss every step too
-        torch.cuda.synchronize()
+        sync(dev)
         times.append(time.time() - t)
     del loss_v
-    mem = torch.cuda.max_memory_allocated()
+    mem = torch.cuda.max_memory_allocated() if dev == "cuda" else 0
     del model, opt
-    torch.cuda.empty_cache()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
     return {"step_s": statistics.median(times[4:] or times), "mem": mem}
 
 
@@ -145,18 +161,20 @@ def main():
     ap.add_argument("--d-model", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--kv-heads", type=int, default=8)
-    ap.add_argument("--ffn", type=int, default=5632)
+    ap.add_argument("--ffn", type=int, default=8192)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--timeout", type=int, default=90)
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script (fp32, small --layers/--d-model)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     log = sys.stdout
     t0 = time.time()
     exp = [sys.executable, os.path.join(ROOT, "scripts", "export_model.py"), "--arch", "llama", "--layers", str(a.layers),
            "--d-model", str(a.d_model), "--heads", str(a.heads), "--kv-heads", str(a.kv_heads), "--ffn-hidden", str(a.ffn),
-           "--vocab", str(a.vocab), "--attention", "sdpa", "--dtype", "bf16", "--out", f"{a.work}/llama1b.pt"]
+           "--vocab", str(a.vocab), "--attention", "sdpa", "--dtype", "bf16" if a.device == "cuda" else "fp32",
+           "--out", f"{a.work}/llama1b.pt"]
     subprocess.run(exp, check=True)
     write_tokens(f"{a.work}/tokens.bin", (a.steps + 2) * a.micro * (a.seq + 1) * 4, a.vocab)
     print(f"[bench] export + data {time.time() - t0:.0f}s", flush=True)
@@ -166,34 +184,38 @@ def main():
     del m
     fpt = flops_per_token(n_all - n_emb, a)
     tokens = a.micro * a.seq
-    peak = gemm_peak()
-    print(f"[bench] bf16 GEMM peak {peak:.0f} TFLOP/s", flush=True)
+    peak = gemm_peak(a.device)
+    print(f"[bench] {'bf16' if a.device == 'cuda' else 'fp32'} GEMM peak {peak:.3f} TFLOP/s", flush=True)
     res = {}
-    for s in (0, 3):
-        res[f"mfsdp s{s}"] = run_mfsdp(a, s, log)
-        print(f"[bench] mfsdp s{s}: {res[f'mfsdp s{s}'] and res[f'mfsdp s{s}']['step_s']}", flush=True)
+    for key, s, fuser in (("mfsdp s0", 0, False), ("mfsdp s3", 3, False), ("mfsdp s0 fuser", 0, True)):
+        res[key] = run_mfsdp(a, s, log, fuser)
+        print(f"[bench] {key}: {res[key] and res[key]['step_s']}", flush=True)
     res["eager"] = run_eager(a)
     print(f"[bench] eager: {res['eager']['step_s']}", flush=True)
     if a.metrics and res.get("mfsdp s0"):
         with open(a.metrics, "w") as f:
             for r in res["mfsdp s0"]["rows"]:
                 f.write(json.dumps(r) + "\n")
-    gpu = torch.cuda.get_device_name()
+    gpu = torch.cuda.get_device_name() if a.device == "cuda" else "CPU (dry run: not a GPU figure)"
     with open(a.results, "w") as f:
         f.write(f"# GPU benchmark: ~1B Llama, bf16, one {gpu}\n\n")
         f.write(f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `bash scripts/gpu/check.sh RESULTS` "
-                f"(bench/gpu_llama.py), torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}.\n\n")
+                f"(bench/gpu_llama.py), torch {torch.__version__}, NCCL {'.'.join(map(str, torch.cuda.nccl.version())) if a.device == 'cuda' else '-'}.\n\n")
         f.write(f"Model: Llama, {a.layers} layers, d_model {a.d_model}, {a.heads} heads ({a.kv_heads} KV), MLP {a.ffn}, "
                 f"vocab {a.vocab}: {n_all / 1e9:.3f} B parameters ({(n_all - n_emb) / 1e9:.3f} B outside embeddings); "
                 f"SDPA attention; sequence {a.seq}, micro-batch {a.micro} ({tokens} tokens per step); AdamW, clip 1.0; "
                 f"medians over steps 5-{a.steps}.\n\n")
-        f.write(f"bf16 GEMM peak measured in this run (8192^3): **{peak:.0f} TFLOP/s**; MFU = "
+        f.write(f"{'bf16 GEMM (8192^3)' if a.device == 'cuda' else 'fp32 GEMM (512^3)'} peak measured in this run: **{peak:.1f} TFLOP/s**; MFU = "
                 f"{fpt / 1e9:.2f} GFLOP/token x tokens/s / peak.\n\n")
         f.write("| run | step (ms) | tokens/s | TFLOP/s | MFU | peak GPU memory (GiB) | step vs PyTorch eager |\n")
         f.write("|---|---:|---:|---:|---:|---:|---:|\n")
         eager = res["eager"]["step_s"]
-        for name, label in (("mfsdp s0", "mfsdp, no_shard (1 rank, NCCL)"), ("mfsdp s3", "mfsdp, optim_grads_params (1 rank, NCCL)"),
-                            ("eager", "PyTorch 2.11 eager, autocast bf16, fused AdamW")):
+        comm = "NCCL" if a.device == "cuda" else "CPU, MPI"
+        eager_label = "PyTorch 2.11 eager, autocast bf16, fused AdamW" if a.device == "cuda" else "PyTorch 2.11 eager, fp32"
+        for name, label in (("mfsdp s0", f"mfsdp, no_shard (1 rank, {comm})"),
+                            ("mfsdp s3", f"mfsdp, optim_grads_params (1 rank, {comm})"),
+                            ("mfsdp s0 fuser", f"mfsdp, no_shard, TorchScript fuser on (MFSDP_JIT_FUSER=on)"),
+                            ("eager", eager_label)):
             r = res.get(name)
             if not r:
                 f.write(f"| {label} | failed (bench.log) | | | | | |\n")
@@ -205,7 +227,7 @@ def main():
         for name in ("mfsdp s0", "mfsdp s3"):
             r = res.get(name)
             if r and r["peak"]:
-                f.write(f"\n{name}: mfsdp's own measured peak {r['peak']:.0f} TFLOP/s, its logged MFU {r['mfu']:.1%}; "
+                f.write(f"\n{name}: mfsdp's own measured peak {r['peak']:.1f} TFLOP/s, its logged MFU {r['mfu']:.1%}; "
                         f"losses {r['loss'][0]:.3f} -> {r['loss'][-1]:.3f}.")
         f.write("\n")
     print(open(a.results).read())

@@ -1,6 +1,7 @@
 #include "model/model.h"
 
 #include <fmt/format.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <map>
@@ -41,6 +42,13 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
     if (v == "simple") { torch::jit::getProfilingMode() = false; torch::jit::getExecutorMode() = false; }
     if (v == "legacy") { torch::jit::getProfilingMode() = false; }
     if (v == "noopt") torch::jit::setGraphExecutorOptimize(false);
+  }
+  // TorchScript's TensorExpr fuser compiles fusion groups on GPUs (never on CPUs by default): off
+  // unless MFSDP_JIT_FUSER=on, so that a GPU run executes the same graphs the CPU suite checks
+  // (bench/gpu_llama.py measures both).
+  if (device.is_cuda()) {
+    const char* fuser = std::getenv("MFSDP_JIT_FUSER");
+    torch::jit::setTensorExprFuserEnabled(fuser && std::string(fuser) == "on");
   }
   Model m;
   m.path_ = path;

@@ -201,7 +201,9 @@ def main():
                 (out.strip().splitlines()[-1] if out.strip() else "no output"))
     # Memory metrics come from the CUDA allocator on GPU runs.
     m = f"{s.work}/runs/nccl_n1_s3/metrics.jsonl"
-    if os.path.exists(m):
+    if a.gpu_device != "cuda":
+        s.log.append("device_memory_metrics: not checked in a run on " + a.gpu_device)
+    elif os.path.exists(m):
         last = json.loads(open(m).read().splitlines()[-1])
         s.check("device_memory_metrics", last.get("device_mem_peak", 0) > 0 and last.get("device_mem_reserved", 0) > 0,
                 f"device_mem_allocated {last.get('device_mem_allocated')}, reserved {last.get('device_mem_reserved')}, "
