@@ -194,3 +194,29 @@ TEST_CASE("MPI start-up requires MPI_THREAD_MULTIPLE (the progress thread and wa
                       Catch::Contains("provides only MPI_THREAD_SERIALIZED") && Catch::Contains("MPI_THREAD_MULTIPLE"));
   REQUIRE_THROWS(mfsdp::MpiEnv::require_thread_multiple(MPI_THREAD_FUNNELED));
 }
+
+// GPU runs route each call by its tensors' device (communicator.h): CPU tensors to the host (MPI)
+// communicator, others to the device communicator. Here both are MPI communicators under their
+// own names, and a meta tensor stands in for a device tensor: the device communicator is the one
+// that receives it (and, being MPI, rejects it under its own name), while CPU tensors, the barrier
+// and the control-value helpers go through the host communicator.
+TEST_CASE("routing communicator: CPU tensors to the host communicator, device tensors to the device one") {
+  auto routed = make_routing_communicator(test::world("ctl"), test::world("dev"));
+  Communicator& c = *routed;
+  CHECK(c.name() == "ctl");
+  CHECK(c.backend() == Backend::kMpi);
+  at::Tensor t = at::full({3}, double(c.rank() + 1), at::kDouble);
+  c.all_reduce(t, ReduceOp::kSum);
+  CHECK(t[0].item<double>() == double(c.size() * (c.size() + 1) / 2));
+  c.barrier();
+  auto names = all_gather_strings(c, "rank" + std::to_string(c.rank()));
+  CHECK(names.size() == size_t(c.size()));
+  at::Tensor dev = at::empty({3}, at::TensorOptions().dtype(at::kFloat).device(at::kMeta));
+  try {
+    c.all_reduce(dev, ReduceOp::kSum);
+    FAIL("a meta tensor reached a CPU communicator");
+  } catch (const std::invalid_argument& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("dev.all_reduce") && Catch::Matchers::Contains("meta"));
+  }
+  CHECK_THROWS_WITH(c.register_buffer(at::zeros({4})), Catch::Matchers::Contains("ctl: distributed.nccl_ub registers"));
+}
