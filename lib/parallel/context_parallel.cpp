@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cmath>
 #include <set>
@@ -75,9 +76,22 @@ at::Tensor causal_bias(int64_t c, const at::TensorOptions& opt) {
 }
 
 // Online-softmax accumulator of one local query chunk: running max, sum of exponentials, and the
-// unnormalised output; blocks may arrive in any order.
+// unnormalised output; blocks may arrive in any order. Flash blocks (below) arrive normalised, with
+// their log-sum-exp: add_block merges those (then m is the running log-sum-exp and l is unused).
 struct Accumulator {
   at::Tensor m, l, acc;
+  bool normalised = false;
+  void add_block(const at::Tensor& o, const at::Tensor& lse) {
+    normalised = true;
+    if (!m.defined()) {
+      m = lse;
+      acc = o;
+      return;
+    }
+    at::Tensor m_new = at::logaddexp(m, lse);
+    acc = acc * (m - m_new).exp_().unsqueeze(-1) + o * (lse - m_new).exp_().unsqueeze(-1);
+    m = m_new;
+  }
   void add(const at::Tensor& s, const at::Tensor& v) {
     at::Tensor bm = std::get<0>(s.max(-1));
     at::Tensor m_new = m.defined() ? at::maximum(m, bm) : bm;
@@ -93,8 +107,8 @@ struct Accumulator {
     }
     m = m_new;
   }
-  at::Tensor output() const { return acc / l.unsqueeze(-1); }
-  at::Tensor lse() const { return m + l.log(); }
+  at::Tensor output() const { return normalised ? acc : acc / l.unsqueeze(-1); }
+  at::Tensor lse() const { return normalised ? m : m + l.log(); }
 };
 
 // The gradients of one block (query chunk qi against key chunk kj, `bias` the causal mask of a
@@ -110,6 +124,107 @@ void block_backward(const at::Tensor& qi, const at::Tensor& kj, const at::Tensor
   at::Tensor ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - di);
   dqi.add_(at::matmul(ds, kj), scale);
   dkj.add_(at::matmul(ds.transpose(-2, -1), qi), scale);
+}
+
+// ---- Flash-attention blocks (DESIGN.md section 11). With bf16/fp16 activations on a GPU each
+// block runs torch's flash-attention kernel, which returns the block's normalised output and its
+// log-sum-exp; the blocks merge by log-sum-exp (Accumulator::add_block). Backward calls the
+// kernel's backward per block with the *merged* output and log-sum-exp: it then computes
+// P = exp(S - lse) and rowsum(dO o O) of the whole row, i.e. exactly the block's share of dQ, dK,
+// dV (ring attention's trick). fp32 runs keep the matmul blocks (bit-for-bit the CPU formulation,
+// which the GPU tests hold to 1e-5). The kernels are checked once per process against the matmul
+// blocks on a small problem; a failure or mismatch falls back to the matmul blocks with a warning.
+// MFSDP_CP_ATTENTION=math forces the matmul blocks.
+struct FlashBlock {
+  at::Tensor o, lse;  // fp32 [B, H, c, D], [B, H, c]
+};
+
+FlashBlock flash_forward(const at::Tensor& qi, const at::Tensor& kj, const at::Tensor& vj, bool diagonal, double scale,
+                         at::ScalarType lp) {
+  auto r = at::_scaled_dot_product_flash_attention(qi.to(lp).contiguous(), kj.to(lp).contiguous(), vj.to(lp).contiguous(),
+                                                   0.0, diagonal, false, scale);
+  return {std::get<0>(r).to(at::kFloat), std::get<1>(r).to(at::kFloat)};
+}
+
+void flash_backward(const at::Tensor& qi, const at::Tensor& kj, const at::Tensor& vj, const at::Tensor& doi,
+                    const at::Tensor& outi, const at::Tensor& lsei, bool diagonal, double scale, at::ScalarType lp,
+                    at::Tensor dqi, at::Tensor dkj, at::Tensor dvj) {
+  const int64_t cq = qi.size(2), ck = kj.size(2);
+  // dropout 0: the random-state arguments are not read; pass well-formed ones.
+  at::Tensor philox = at::zeros({2}, at::TensorOptions().dtype(at::kLong));
+  auto g = at::_scaled_dot_product_flash_attention_backward(
+      doi.to(lp).contiguous(), qi.to(lp).contiguous(), kj.to(lp).contiguous(), vj.to(lp).contiguous(),
+      outi.to(lp).contiguous(), lsei.contiguous(), at::Tensor(), at::Tensor(), cq, ck, 0.0, diagonal, philox[0],
+      philox[1], scale);
+  dqi.add_(std::get<0>(g));
+  dkj.add_(std::get<1>(g));
+  dvj.add_(std::get<2>(g));
+}
+
+std::atomic<int> g_flash_state{0};  // 0 unknown, 1 usable, -1 not
+
+bool check_flash(const at::TensorOptions& opt, at::ScalarType lp, std::string& why) {
+  try {
+    at::NoGradGuard ng;
+    const int64_t B = 1, H = 2, c = 64, D = 64;
+    const double scale = 1.0 / std::sqrt(double(D));
+    at::Generator gen = at::detail::createCPUGenerator(20261201);
+    auto rnd = [&](std::vector<int64_t> shape) { return at::randn(shape, gen, at::kFloat).to(opt.dtype(lp)).to(at::kFloat); };
+    at::Tensor q = rnd({B, H, 2 * c, D}), k = rnd({B, H, 2 * c, D}), v = rnd({B, H, 2 * c, D}), dout = rnd({B, H, c, D});
+    at::Tensor qi = q.narrow(2, c, c), bias = causal_bias(c, opt.dtype(at::kFloat));
+    // Query chunk 1 against key chunks 0 (full) and 1 (diagonal), both ways.
+    Accumulator ref, fl;
+    for (int64_t j = 0; j < 2; ++j) {
+      at::Tensor kj = k.narrow(2, j * c, c), vj = v.narrow(2, j * c, c);
+      at::Tensor sc = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
+      if (j == 1) sc.add_(bias);
+      ref.add(sc, vj);
+      FlashBlock b = flash_forward(qi, kj, vj, j == 1, scale, lp);
+      fl.add_block(b.o, b.lse);
+    }
+    auto rel = [](const at::Tensor& a, const at::Tensor& b) {
+      return (a - b).norm().item<double>() / std::max(1e-30, b.norm().item<double>());
+    };
+    const double e_out = rel(fl.output(), ref.output()), e_lse = rel(fl.lse(), ref.lse());
+    at::Tensor out = ref.output(), lse = ref.lse(), delta = (dout * out).sum(-1).unsqueeze(-1);
+    at::Tensor dq_r = at::zeros_like(qi), dk_r = at::zeros({B, H, 2 * c, D}, opt.dtype(at::kFloat)), dv_r = at::zeros_like(dk_r);
+    at::Tensor dq_f = at::zeros_like(dq_r), dk_f = at::zeros_like(dk_r), dv_f = at::zeros_like(dk_r);
+    for (int64_t j = 0; j < 2; ++j) {
+      at::Tensor kj = k.narrow(2, j * c, c), vj = v.narrow(2, j * c, c);
+      block_backward(qi, kj, vj, dout, lse.unsqueeze(-1), delta, j == 1 ? bias : at::Tensor(), scale, dq_r,
+                     dk_r.narrow(2, j * c, c), dv_r.narrow(2, j * c, c));
+      flash_backward(qi, kj, vj, dout, out, lse, j == 1, scale, lp, dq_f, dk_f.narrow(2, j * c, c), dv_f.narrow(2, j * c, c));
+    }
+    const double e_dq = rel(dq_f, dq_r), e_dk = rel(dk_f, dk_r), e_dv = rel(dv_f, dv_r);
+    const double worst = std::max({e_out, e_lse, e_dq, e_dk, e_dv});
+    why = fmt::format("relative errors out {:.1e}, lse {:.1e}, dq {:.1e}, dk {:.1e}, dv {:.1e}", e_out, e_lse, e_dq, e_dk, e_dv);
+    if (worst < 5e-2) return true;
+  } catch (const std::exception& e) {
+    why = e.what();
+    why = why.substr(0, why.find('\n'));
+  }
+  return false;
+}
+
+// Whether the blocks of this call run on flash kernels: bf16/fp16 CUDA inputs, head_dim a multiple
+// of 8 up to 256, and the one-time check passed.
+bool use_flash(const at::Tensor& q) {
+  if (!q.is_cuda() || (q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf)) return false;
+  if (q.size(3) % 8 != 0 || q.size(3) > 256) return false;
+  if (const char* env = std::getenv("MFSDP_CP_ATTENTION"))
+    if (std::string(env) == "math") return false;
+  int state = g_flash_state.load();
+  if (state == 0) {
+    std::string why;
+    state = check_flash(q.options(), q.scalar_type(), why) ? 1 : -1;
+    if (state < 0)
+      std::fprintf(stderr, "mfsdp: warning: context parallel: the flash-attention blocks failed their check (%s); "
+                   "using the matmul blocks\n", why.c_str());
+    else
+      std::fprintf(stderr, "mfsdp: context parallel: flash-attention blocks in use (%s)\n", why.c_str());
+    g_flash_state.store(state);
+  }
+  return state > 0;
 }
 
 // End of a forward: saves what backward needs (inputs, output, log-sum-exp of both local chunks)
@@ -131,6 +246,8 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     const int64_t C = c.size(), r = c.rank(), Tl = q.size(2), half = Tl / 2;
     const double scale = 1.0 / std::sqrt(double(q.size(3)));
     at::Tensor qf = q.to(at::kFloat);
+    const bool flash = use_flash(q);
+    ctx->saved_data["flash"] = flash;
     Gathered kv = gather_kv(c, k, v);
     at::Tensor bias = causal_bias(half, qf.options());
     Accumulator acc[2];
@@ -138,6 +255,11 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
       const int64_t i = global_chunk(a, r, C);
       at::Tensor qi = qf.narrow(2, a * half, half);
       for (int64_t j = 0; j <= i; ++j) {
+        if (flash) {
+          FlashBlock fb = flash_forward(qi, kv.k[size_t(j)], kv.v[size_t(j)], j == i, scale, q.scalar_type());
+          acc[a].add_block(fb.o, fb.lse);
+          continue;
+        }
         at::Tensor s = at::matmul(qi, kv.k[size_t(j)].transpose(-2, -1)).mul_(scale);
         if (j == i) s.add_(bias);
         acc[a].add(s, kv.v[size_t(j)]);
@@ -155,6 +277,7 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
     at::Tensor dout = grads[0].to(at::kFloat);
     at::Tensor delta = (dout * out).sum(-1);  // rowsum(dO o O)
+    const bool flash = ctx->saved_data["flash"].toBool();
     Gathered kv = gather_kv(c, k, v);
     // Gradients of every global key/value chunk, in the gathered (rank-major) layout, so that one
     // reduce-scatter hands each owner the sums for its own chunks.
@@ -167,9 +290,15 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
       at::Tensor qi = qf.narrow(2, a * half, half), doi = dout.narrow(2, a * half, half);
       at::Tensor lsei = lse.narrow(2, a * half, half).unsqueeze(-1), di = delta.narrow(2, a * half, half).unsqueeze(-1);
       at::Tensor dqi = dq.narrow(2, a * half, half);
-      for (int64_t j = 0; j <= i; ++j)
-        block_backward(qi, kv.k[size_t(j)], kv.v[size_t(j)], doi, lsei, di, j == i ? bias : at::Tensor(), scale, dqi,
-                       dk_chunks[size_t(j)], dv_chunks[size_t(j)]);
+      for (int64_t j = 0; j <= i; ++j) {
+        if (flash)
+          flash_backward(qi, kv.k[size_t(j)], kv.v[size_t(j)], doi, out.narrow(2, a * half, half),
+                         lse.narrow(2, a * half, half), j == i, scale, q.scalar_type(), dqi, dk_chunks[size_t(j)],
+                         dv_chunks[size_t(j)]);
+        else
+          block_backward(qi, kv.k[size_t(j)], kv.v[size_t(j)], doi, lsei, di, j == i ? bias : at::Tensor(), scale, dqi,
+                         dk_chunks[size_t(j)], dv_chunks[size_t(j)]);
+      }
     }
     at::Tensor dkv = at::empty(kv.buffer.sizes().slice(1), qf.options());  // [2, B, H, T/C, D]
     {
@@ -190,6 +319,8 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
     const int next = int((r + 1) % C), prev = int((r + C - 1) % C);
     const double scale = 1.0 / std::sqrt(double(q.size(3)));
     at::Tensor qf = q.to(at::kFloat);
+    const bool flash = use_flash(q);
+    ctx->saved_data["flash"] = flash;
     at::Tensor cur = at::stack({k.to(at::kFloat), v.to(at::kFloat)});  // [2, B, H, T/C, D]
     at::Tensor bias = causal_bias(half, qf.options());
     Accumulator acc[2];
@@ -208,6 +339,12 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
         for (int64_t b = 0; b < 2; ++b) {
           const int64_t j = global_chunk(b, src, C);
           if (j > i) continue;
+          if (flash) {
+            FlashBlock fb = flash_forward(qi, cur[0].narrow(2, b * half, half), cur[1].narrow(2, b * half, half), j == i,
+                                          scale, q.scalar_type());
+            acc[a].add_block(fb.o, fb.lse);
+            continue;
+          }
           at::Tensor s = at::matmul(qi, cur[0].narrow(2, b * half, half).transpose(-2, -1)).mul_(scale);
           if (j == i) s.add_(bias);
           acc[a].add(s, cur[1].narrow(2, b * half, half));
@@ -236,6 +373,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
     at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
     at::Tensor dout = grads[0].to(at::kFloat);
     at::Tensor delta = (dout * out).sum(-1);
+    const bool flash = ctx->saved_data["flash"].toBool();
     // bundle[0] = keys/values [2, B, H, T/C, D], bundle[1] = their gradients so far.
     at::Tensor bundle = at::stack({at::stack({k.to(at::kFloat), v.to(at::kFloat)}), at::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, qf.options())});
     at::Tensor dq = at::zeros_like(qf);
@@ -251,6 +389,12 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
         for (int64_t b = 0; b < 2; ++b) {
           const int64_t j = global_chunk(b, src, C);
           if (j > i) continue;
+          if (flash) {
+            flash_backward(qi, kv[0].narrow(2, b * half, half), kv[1].narrow(2, b * half, half), doi,
+                           out.narrow(2, a * half, half), lse.narrow(2, a * half, half), j == i, scale, q.scalar_type(),
+                           dqi, dkv[0].narrow(2, b * half, half), dkv[1].narrow(2, b * half, half));
+            continue;
+          }
           block_backward(qi, kv[0].narrow(2, b * half, half), kv[1].narrow(2, b * half, half), doi, lsei, di,
                          j == i ? bias : at::Tensor(), scale, dqi, dkv[0].narrow(2, b * half, half),
                          dkv[1].narrow(2, b * half, half));
@@ -327,7 +471,8 @@ class ContextParallelImpl final : public ContextParallel {
   std::string describe() const override {
     if (!active_) return "";
     return fmt::format("context parallel: cp_size {}, rank {} holds sequence chunks {} and {} of {} ({} tokens each); {} "
-                       "attention-core calls replaced (module {}{}): {}, blockwise causal attention with log-sum-exp merging",
+                       "attention-core calls replaced (module {}{}): {}, blockwise causal attention with log-sum-exp merging "
+                       "(blocks: flash-attention kernels for bf16/fp16 on GPUs, checked at first use; else fp32 matmuls)",
                        cp_.size(), cp_.rank(), cp_.rank(), 2 * cp_.size() - 1 - cp_.rank(), 2 * cp_.size(),
                        cfg_.training.seq_length / (2 * cp_.size()), replaced_, core_paths_.front(),
                        core_paths_.size() > 1 ? fmt::format(" and {} more", core_paths_.size() - 1) : "",

@@ -20,6 +20,7 @@ import concurrent.futures as cf
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -56,6 +57,8 @@ class Suite:
         return ["mpirun", "--oversubscribe", "--allow-run-as-root", "--bind-to", "none", "-np", str(np)]
 
     def setup(self):
+        # A fresh directory: checkpoints left by an earlier invocation would be resumed (resume: auto).
+        shutil.rmtree(self.work, ignore_errors=True)
         os.makedirs(f"{self.work}/data", exist_ok=True)
         text = f"{self.work}/text.txt"
         with open(text, "w") as out:
@@ -124,6 +127,7 @@ def main():
         "cpu_gpt_meta": (1, "cpu", [gpt, *meta]),
         "cpu_gpt_bf16": (1, "cpu", [gpt, *bf16]),
         "cpu_llama": (1, "cpu", [llama]),
+        "cpu_llama_bf16": (1, "cpu", [llama, *bf16]),
         "cpu_llama_sdpa": (1, "cpu", [sdpa]),
         "cpu_dropout": (1, "cpu", [drop]),
         "cpu_ck_s1_n2": (2, "cpu", [gpt, "distributed.zero_dp_strategy=1", *ck("cpu_s1_n2")]),
@@ -142,6 +146,10 @@ def main():
         "staged_n2_tp2_sp": (2, [gpt, "distributed.tp_size=2", "distributed.sequence_parallel=true"], "cpu_gpt", 1e-5),
         "staged_n2_cp2": (2, [llama, "distributed.cp_size=2"], "cpu_llama", 1e-5),
         "staged_n2_cp2_p2p": (2, [llama, "distributed.cp_size=2", "distributed.cp_comm_type=p2p"], "cpu_llama", 1e-5),
+        # bf16 CP: the blocks run on flash-attention kernels (checked at first use; see the log).
+        "staged_n2_cp2_bf16": (2, [llama, "distributed.cp_size=2", *bf16], "cpu_llama_bf16", 2e-2),
+        "staged_n2_cp2_p2p_bf16": (2, [llama, "distributed.cp_size=2", "distributed.cp_comm_type=p2p", *bf16],
+                                   "cpu_llama_bf16", 2e-2),
         "staged_n4_s3": (4, [gpt], "cpu_gpt", 1e-5),
         "staged_n4_hsdp": (4, [gpt, "distributed.dp_replicate_size=2"], "cpu_gpt", 1e-5),
         "staged_n4_tp2_s3": (4, [llama, "distributed.tp_size=2", "distributed.sequence_parallel=true"], "cpu_llama", 1e-5),
@@ -164,6 +172,11 @@ def main():
     for name, rc in ref_rc.items():
         if rc != 0:
             s.check(name, False, f"CPU reference run failed (rc {rc})")
+    for name in ("staged_n2_cp2_bf16", "staged_n2_cp2_p2p_bf16"):
+        out = next((e for e in s.log if f"runs/{name} " in e), "")
+        if name in gpu_rc and gpu_rc[name] == 0 and a.gpu_device == "cuda":
+            line = next((x for x in out.splitlines() if "flash-attention blocks" in x), "no line about flash blocks")
+            s.check(name + " (flash blocks in use)", "flash-attention blocks in use" in out, line)
     for name, (np, ov, ref, rtol) in pick(gpu).items():
         if gpu_rc[name] != 0:
             s.check(name, False, f"run failed (rc {gpu_rc[name]}); see gpu_tests.log")
