@@ -52,9 +52,7 @@ class StagedCommunicator final : public Communicator {
       if (out.data_ptr() != in.data_ptr()) out.copy_(in);
       return done();
     }
-    at::Tensor h_in = stage(in), h_out = host_like(out);
-    after_copy();
-    return std::make_shared<StagedWork>(host_.all_gather_async(h_out, h_in), h_out, out);
+    return two_buffers(out, in, [&](const at::Tensor& o, const at::Tensor& i) { return host_.all_gather_async(o, i); });
   }
   WorkHandle reduce_scatter_async(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
     check_gather_pair(in, out, "reduce_scatter");
@@ -62,9 +60,9 @@ class StagedCommunicator final : public Communicator {
       if (out.data_ptr() != in.data_ptr()) out.copy_(in);
       return done();
     }
-    at::Tensor h_in = stage(in), h_out = host_like(out);
-    after_copy();
-    return std::make_shared<StagedWork>(host_.reduce_scatter_async(h_out, h_in, op), h_out, out);
+    return two_buffers(out, in, [&](const at::Tensor& o, const at::Tensor& i) {
+      return host_.reduce_scatter_async(o, i, op);
+    });
   }
   WorkHandle all_reduce_async(const at::Tensor& t, ReduceOp op) override {
     check_tensor(t, "the", "all_reduce");
@@ -87,9 +85,9 @@ class StagedCommunicator final : public Communicator {
       if (recv.data_ptr() != send.data_ptr()) recv.copy_(send);
       return done();
     }
-    at::Tensor h_send = stage(send), h_recv = host_like(recv);
-    after_copy();
-    return std::make_shared<StagedWork>(host_.send_recv_async(h_send, dst, h_recv, src), h_recv, recv);
+    return two_buffers(recv, send, [&](const at::Tensor& r, const at::Tensor& sd) {
+      return host_.send_recv_async(sd, dst, r, src);
+    });
   }
   WorkHandle barrier_async() override { return host_.barrier_async(); }
 
@@ -103,6 +101,14 @@ class StagedCommunicator final : public Communicator {
     at::Tensor h = host_like(t);
     h.copy_(t, /*non_blocking=*/true);
     return h;
+  }
+  // A collective with a separate result: the input staged, the result received into host memory
+  // and copied back to `out` on wait().
+  template <class F>
+  WorkHandle two_buffers(const at::Tensor& out, const at::Tensor& in, F&& host_op) {
+    at::Tensor h_in = stage(in), h_out = host_like(out);
+    after_copy();
+    return std::make_shared<StagedWork>(host_op(h_out, h_in), h_out, out);
   }
   // Queues, ahead of the MPI collective, a wait for the copies just issued on the caller's stream.
   void after_copy() {

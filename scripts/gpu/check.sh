@@ -25,7 +25,8 @@ root=$bundle/root/usr
 libarch=$root/lib/x86_64-linux-gnu
 export OPAL_PREFIX=$root                       # Open MPI unpacked away from /usr
 export PATH=$root/bin:$PATH
-export LD_LIBRARY_PATH=$libarch:$libarch/openmpi/lib:$torch_dir/lib:$site/nvidia/nccl/lib:${LD_LIBRARY_PATH:-}
+# The wheel's CUDA runtime (nvidia/cu13) and NCCL: the libraries the binary built here names.
+export LD_LIBRARY_PATH=$libarch:$libarch/openmpi/lib:$torch_dir/lib:$site/nvidia/nccl/lib:$site/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp   # one node: shared memory; no UCX/OFI probing
 export MFSDP_PYTHON=$PY
