@@ -28,7 +28,9 @@ export PATH=$root/bin:$PATH
 # The wheel's CUDA runtime (nvidia/cu13) and NCCL: the libraries the binary built here names.
 export LD_LIBRARY_PATH=$libarch:$libarch/openmpi/lib:$torch_dir/lib:$site/nvidia/nccl/lib:$site/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader,tcp   # one node: shared memory; no UCX/OFI probing
+# One node: shared memory only, no UCX/OFI probing, and no cross-memory attach (containers often
+# forbid process_vm_readv).
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export MFSDP_PYTHON=$PY
 
 stamp "facts"
