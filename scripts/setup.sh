@@ -45,11 +45,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- PyTorch from PyPI in a project-local virtual environment -----------------------------------
-have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; }
+have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, tensorboard, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; }
 if ! have_torch; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   echo "setup: installing torch==$TORCH_VERSION into $VENV (about 4 GB with its CUDA libraries)"
-  "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" numpy pyyaml
+  # tensorboard: its reader checks mfsdp's event files (tests); not needed to train.
+  "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" numpy pyyaml tensorboard
   have_torch || { echo "setup: $VENV/bin/python cannot import torch $TORCH_VERSION after installing it" >&2; exit 1; }
 fi
 PY=$(cd "$VENV/bin" && pwd)/python

@@ -154,6 +154,7 @@ struct LoggingConfig {
   bool all_ranks = false;  // every rank prints, prefixed with its rank
   std::string progress = "auto";  // auto | on | off
   std::optional<double> peak_tflops;  // per rank, for MFU; null: measured at start
+  bool tensorboard = false;  // event files under run_dir/tensorboard (rank 0), beside metrics.jsonl
 };
 
 struct Config {

@@ -141,6 +141,7 @@ void describe(Config& c, V& v) {
     v.field("peak_tflops", c.logging.peak_tflops, Check<double>([](const double& x) {
               return x > 0 ? std::string() : std::string("a positive number");
             }));
+    v.field("tensorboard", c.logging.tensorboard);
   });
 }
 

@@ -41,6 +41,7 @@
 #include "parallel/tp_ops.h"
 #include "train/metrics.h"
 #include "train/system.h"
+#include "train/tensorboard.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -110,6 +111,7 @@ class Trainer {
       const bool last = s == cfg_.training.max_steps;
       if (cfg_.training.eval_every > 0 && (s % cfg_.training.eval_every == 0 || last)) m.val_loss = evaluate();
       if (rank0_) metrics_->write(m);
+      if (tensorboard_) write_tensorboard(m);
       if (s == 1 || last || s % cfg_.training.log_every == 0 || m.val_loss) log(format_console_line(m, cfg_.training.max_steps));
       else if (progress_) progress(s);
       result.steps = s;
@@ -269,6 +271,10 @@ class Trainer {
       const std::string path = cfg_.run_dir + "/metrics.jsonl";
       if (start_step_ > 0) truncate_metrics(path, start_step_);  // drop steps the resumed run will redo
       metrics_ = std::make_unique<MetricsWriter>(path, /*append=*/start_step_ > 0);
+      if (cfg_.logging.tensorboard) {
+        tensorboard_ = std::make_unique<TensorBoardWriter>(cfg_.run_dir + "/tensorboard");
+        log("tensorboard: " + tensorboard_->path() + " (tensorboard --logdir " + cfg_.run_dir + "/tensorboard)");
+      }
     }
     std::signal(SIGTERM, on_stop_signal);
     std::signal(SIGUSR1, on_stop_signal);
@@ -558,6 +564,30 @@ class Trainer {
     return loss_sum.item<double>() / std::max(1.0, tokens);
   }
 
+  // logging.tensorboard: the metrics.jsonl line of the step as scalars (TensorBoard's names: a
+  // section, a slash, the quantity).
+  void write_tensorboard(const StepMetrics& m) {
+    std::vector<std::pair<std::string, double>> v = {
+        {"train/loss", m.loss},
+        {"train/lr", m.lr},
+        {"train/grad_norm", m.grad_norm},
+        {"train/tokens_per_s", m.tokens_per_s},
+        {"train/tflops_per_rank", m.tflops_per_rank},
+        {"train/mfu", m.mfu},
+        {"train/step_time_s", m.step_time_s},
+        {"train/skipped_total", double(m.skipped_total)},
+        {"memory/peak_rss_mib", m.peak_mem_mib},
+        {"memory/fsdp_peak_bytes", double(m.mem_fsdp_peak)},
+    };
+    if (m.val_loss) v.push_back({"valid/loss", *m.val_loss});
+    if (m.on_device) {
+      v.push_back({"memory/device_allocated_bytes", double(m.device_allocated)});
+      v.push_back({"memory/device_reserved_bytes", double(m.device_reserved)});
+      v.push_back({"memory/device_peak_bytes", double(m.device_peak)});
+    }
+    tensorboard_->scalars(m.step, v);
+  }
+
   // distributed.backend for the CUDA tensors of a GPU run (CPU runs: MPI throughout).
   Backend resolve_backend() const {
     if (!device_.is_cuda()) return Backend::kMpi;
@@ -595,6 +625,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataPipeline> data_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with logging.tensorboard
   std::unique_ptr<CheckpointManager> ckpt_;
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;  // steps whose update was skipped (non-finite gradients)
