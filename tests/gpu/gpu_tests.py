@@ -129,7 +129,6 @@ def main():
         "cpu_llama": (1, "cpu", [llama]),
         "cpu_llama_bf16": (1, "cpu", [llama, *bf16]),
         "cpu_llama_sdpa": (1, "cpu", [sdpa]),
-        "cpu_dropout": (1, "cpu", [drop]),
         "cpu_ck_s1_n2": (2, "cpu", [gpt, "distributed.zero_dp_strategy=1", *ck("cpu_s1_n2")]),
     }
     gpu = {
@@ -156,7 +155,12 @@ def main():
         "staged_n4_cp2_tp2": (4, [llama, "distributed.cp_size=2", "distributed.tp_size=2"], "cpu_llama", 1e-5),
         "ck_gpu_n2_s3": (2, [gpt, *ck("gpu_n2_s3")], "cpu_gpt", 1e-5),
     }
-    pick = lambda d: {k: v for k, v in d.items() if not want or want.search(k) or k.startswith("cpu_")}
+    pick = lambda d: {k: v for k, v in d.items() if not want or want.search(k)}
+    # The CPU references the selected runs are compared with (all of them when nothing is selected).
+    needed = {v[2] for v in pick(gpu).values() if v[2]} | {"cpu_gpt"}
+    if not want or want.search("ck_"):
+        needed |= {"cpu_ck_s1_n2"}
+    refs = {k: v for k, v in refs.items() if k in needed}
 
     def run_ref(item):
         name, (np, dev, ov) = item
@@ -167,7 +171,7 @@ def main():
         return name, s.train(name, np, *ov)[0]
 
     with cf.ThreadPoolExecutor(a.jobs) as ex:
-        ref_rc = dict(ex.map(run_ref, pick(refs).items()))
+        ref_rc = dict(ex.map(run_ref, refs.items()))
         gpu_rc = dict(ex.map(run_gpu, pick(gpu).items()))
     for name, rc in ref_rc.items():
         if rc != 0:
