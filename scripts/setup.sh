@@ -22,6 +22,7 @@ packages=(
   libopenmpi-dev openmpi-bin                       # MPI: launch and CPU collectives
   libyaml-cpp-dev libcli11-dev catch2           # config, CLI, tests (fmt: the wheel's copy)
   nlohmann-json3-dev                               # checkpoint index (JSON)
+  libpcre2-dev libutf8proc-dev zlib1g-dev libzstd-dev zstd libsentencepiece-dev   # prepare-data's tokenizers and inputs
   bible-kjv bible-kjv-text                         # the demo corpus (public domain)
   python3 python3-venv
 )
@@ -45,12 +46,15 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- PyTorch from PyPI in a project-local virtual environment -----------------------------------
-have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, tensorboard, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; }
+# The reference tokenizer libraries (tests hold prepare-data to them), pinned.
+REF_TOKENIZERS=(tokenizers==0.23.3 tiktoken==0.14.0 sentencepiece==0.2.3)
+have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, tensorboard, tokenizers, tiktoken, sentencepiece, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION' or tokenizers.__version__ != '0.23.3')" 2>/dev/null; }
 if ! have_torch; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   echo "setup: installing torch==$TORCH_VERSION into $VENV (about 4 GB with its CUDA libraries)"
   # tensorboard: its reader checks mfsdp's event files (tests); not needed to train.
-  "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" numpy pyyaml tensorboard
+  # tokenizers, tiktoken, sentencepiece: the references prepare-data's tokenizers are tested against.
+  "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" numpy pyyaml tensorboard "${REF_TOKENIZERS[@]}"
   have_torch || { echo "setup: $VENV/bin/python cannot import torch $TORCH_VERSION after installing it" >&2; exit 1; }
 fi
 PY=$(cd "$VENV/bin" && pwd)/python

@@ -247,7 +247,12 @@ TEST_CASE("pipeline: disjoint data-parallel parts that together equal the single
     std::ofstream t(tmpdir() + "/pipe.txt");
     for (int i = 0; i < 200; ++i) t << "line " << i << " of the test corpus\n";
   }
-  prepare_data({{tmpdir() + "/pipe.txt"}, prefix, true, "", true});
+  PrepareOptions po;
+  po.inputs = {tmpdir() + "/pipe.txt"};
+  po.output_prefix = prefix;
+  po.split_lines = true;
+  po.progress = 0;
+  prepare_data(po);
   Config cfg = load_config_string("model: {path: m}\ndata: {train: " + prefix + ", valid_fraction: 0.1}\n"
                                   "training: {global_batch_size: 8, micro_batch_size: 2, seq_length: 16}\n", "p.yaml");
   DataPipeline one(cfg, 0, 1);
@@ -280,14 +285,21 @@ TEST_CASE("pipeline: disjoint data-parallel parts that together equal the single
 
 TEST_CASE("prepare-data: byte-level tokens with end-of-document, one document per line") {
   std::ofstream(tmpdir() + "/p.txt") << "ab\n\ncd\n";
-  auto r = prepare_data({{tmpdir() + "/p.txt"}, tmpdir() + "/p", true, "", true});
+  PrepareOptions po;
+  po.inputs = {tmpdir() + "/p.txt"};
+  po.output_prefix = tmpdir() + "/p";
+  po.split_lines = true;
+  po.progress = 0;
+  auto r = prepare_data(po);
   CHECK(r.documents == 2);
   CHECK(r.tokens == 8);  // "ab\n" EOD "cd\n" EOD
   auto src = TokenSource::open(tmpdir() + "/p", "megatron");
   std::vector<int64_t> out(8);
   src->read(0, 8, out.data());
   CHECK(out == std::vector<int64_t>{'a', 'b', '\n', kByteEod, 'c', 'd', '\n', kByteEod});
-  CHECK(error_of([&] { prepare_data({{tmpdir() + "/missing.txt"}, tmpdir() + "/q", false, "", true}); })
+  po.inputs = {tmpdir() + "/missing.txt"};
+  po.output_prefix = tmpdir() + "/q";
+  CHECK(error_of([&] { prepare_data(po); })
             .find("missing.txt: cannot open") != std::string::npos);
   std::ifstream leftover(tmpdir() + "/q.bin");
   CHECK_FALSE(leftover.good());  // nothing half-written

@@ -1,6 +1,8 @@
 // mpirun -np N mfsdp train [-c FILE] [key.path=value ...]
-// mfsdp prepare-data --input FILE... --output PREFIX [--split-lines] [--tokenizer-model M]
+// mfsdp prepare-data --input FILE... --output PREFIX [--tokenizer T] [--json-keys K...] [--workers N] ...
 // mfsdp plot RUN_DIR [-o FILE]
+#include <algorithm>
+#include <array>
 #include <cstdio>
 
 #include "commands.h"
@@ -10,6 +12,7 @@
 #include "comm/flight_recorder.h"
 #include "data/prepare.h"
 #include "train/metrics.h"
+#include "util/error.h"
 #include "train/trainer.h"
 
 namespace mfsdp::cli {
@@ -34,19 +37,43 @@ Runner add_train(CLI::App& cmd) {
 
 Runner add_prepare_data(CLI::App& cmd) {
   auto o = std::make_shared<PrepareOptions>();
-  auto no_eod = std::make_shared<bool>(false);
-  cmd.add_option("-i,--input", o->inputs, "Text files (one document each, or one per line with --split-lines); - is stdin")
+  auto flags = std::make_shared<std::array<bool, 5>>();  // append-eod, no-eod, progress, no-progress, quiet
+  cmd.add_option("-i,--input", o->inputs,
+                 "Input files: text (one document each, or one per line with --split-lines), JSONL (*.jsonl or "
+                 "--json-keys), gzip or zstd compressed; - is stdin")
       ->required();
-  cmd.add_option("-o,--output", o->output_prefix, "Output prefix: writes PREFIX.bin and PREFIX.idx")->required();
-  cmd.add_flag("--split-lines", o->split_lines, "One document per non-empty line");
-  cmd.add_option("--tokenizer-model", o->tokenizer_model, "SentencePiece .model (default: built-in byte-level tokenizer)");
-  cmd.add_flag("--no-eod", *no_eod, "Do not append the end-of-document token");
-  return [o, no_eod]() {
-    o->append_eod = !*no_eod;
+  cmd.add_option("-o,--output,--output-prefix", o->output_prefix,
+                 "Output prefix: PREFIX.bin/.idx for text, PREFIX_<key>_document.bin/.idx for JSONL (as Megatron)")
+      ->required();
+  cmd.add_flag("--split-lines", o->split_lines, "Text inputs: one document per non-empty line");
+  cmd.add_option("--json-keys", o->json_keys, "JSONL: the keys whose strings are documents (default: text)");
+  cmd.add_option("-t,--tokenizer,--tokenizer-model", o->tokenizer,
+                 "byte (built-in, default), a tokenizer.json, a directory with tokenizer.json, vocab.json + merges.txt "
+                 "or tokenizer.model, a .tiktoken rank file, a Tekken .json, or a SentencePiece .model");
+  cmd.add_option("--tiktoken-encoding", o->tokenizer_options.tiktoken_encoding,
+                 "Pattern of a .tiktoken file whose name does not say: gpt2, r50k_base, p50k_base, cl100k_base, "
+                 "o200k_base, whisper");
+  cmd.add_option("--eod-token", o->tokenizer_options.eod_token, "End-of-document token by its text (tokenizer.json, GPT-2)");
+  cmd.add_flag("--append-eod", (*flags)[0], "Append the end-of-document token to every document (byte-level: default)");
+  cmd.add_flag("--no-eod", (*flags)[1], "Do not append it");
+  cmd.add_option("-j,--workers", o->workers, "Tokenizer threads (output identical for any number)")->check(CLI::Range(1, 256));
+  cmd.add_flag("--skip-bad", o->skip_bad, "Skip and count bad records (invalid JSON or UTF-8, a missing key) instead of stopping");
+  cmd.add_flag("--progress", (*flags)[2], "Show progress even when stderr is not a terminal");
+  cmd.add_flag("--no-progress", (*flags)[3], "Never show progress");
+  return [o, flags]() {
+    if ((*flags)[0] && (*flags)[1]) throw UserError("prepare-data: --append-eod and --no-eod contradict each other");
+    o->append_eod = (*flags)[0] ? 1 : (*flags)[1] ? 0 : -1;
+    o->progress = (*flags)[2] ? 1 : (*flags)[3] ? 0 : -1;
     PrepareResult r = prepare_data(*o);
-    std::printf("wrote %s.bin and %s.idx: %lld documents, %lld tokens, tokenizer %s, vocabulary %lld\n",
-                o->output_prefix.c_str(), o->output_prefix.c_str(), (long long)r.documents, (long long)r.tokens,
-                r.tokenizer.c_str(), (long long)r.vocab_size);
+    for (const auto& out : r.outputs)
+      std::printf("wrote %s.bin and %s.idx%s: %lld documents, %lld tokens (%s)\n", out.prefix.c_str(), out.prefix.c_str(),
+                  out.key.empty() ? "" : (" (key \"" + out.key + "\")").c_str(), (long long)out.documents,
+                  (long long)out.tokens, r.dtype);
+    std::printf("tokenizer %s; %lld documents%s, %.1f MB in %.2f s (%.0f documents/s, %.2f MB/s, %d worker%s)\n",
+                r.tokenizer.describe.c_str(), (long long)r.documents,
+                r.skipped ? (", " + std::to_string(r.skipped) + " skipped as bad").c_str() : "", r.bytes / 1e6, r.seconds,
+                r.documents / std::max(r.seconds, 1e-9), r.bytes / 1e6 / std::max(r.seconds, 1e-9), o->workers,
+                o->workers == 1 ? "" : "s");
     return 0;
   };
 }

@@ -221,6 +221,19 @@ void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
   num_tokens_ += static_cast<int64_t>(tokens.size());
 }
 
+void IndexedDatasetWriter::add_document(const int32_t* tokens, size_t n) {
+  size_t written;
+  if (dtype_code_ == 8) {
+    std::vector<uint16_t> buf(tokens, tokens + n);
+    written = std::fwrite(buf.data(), 2, n, bin_);
+  } else {
+    written = std::fwrite(tokens, 4, n, bin_);
+  }
+  if (written != n) throw UserError(prefix_ + ".bin.tmp: write failed: " + std::strerror(errno));
+  lengths_.push_back(static_cast<int32_t>(n));
+  num_tokens_ += static_cast<int64_t>(n);
+}
+
 void IndexedDatasetWriter::finish() {
   if (std::fclose(bin_) != 0) {
     bin_ = nullptr;

@@ -60,6 +60,7 @@ class IndexedDatasetWriter {
  public:
   IndexedDatasetWriter(std::string prefix, int dtype_code);  // 8 (uint16) or 4 (int32)
   void add_document(const std::vector<int64_t>& tokens);
+  void add_document(const int32_t* tokens, size_t n);
   void finish();
   int64_t num_tokens() const { return num_tokens_; }
   int64_t num_documents() const { return static_cast<int64_t>(lengths_.size()); }

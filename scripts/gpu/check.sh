@@ -25,6 +25,8 @@ root=$bundle/root/usr
 libarch=$root/lib/x86_64-linux-gnu
 export OPAL_PREFIX=$root                       # Open MPI unpacked away from /usr
 export PATH=$root/bin:$PATH
+# pkgconf finds the bundle's .pc files (prepare.sh made their prefix relative to their place).
+export PKG_CONFIG_PATH=$root/lib/x86_64-linux-gnu/pkgconfig:$root/share/pkgconfig
 # The wheel's CUDA runtime (nvidia/cu13) and NCCL: the libraries the binary built here names.
 export LD_LIBRARY_PATH=$libarch:$libarch/openmpi/lib:$torch_dir/lib:$site/nvidia/nccl/lib:$site/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -51,7 +53,8 @@ if ! "$bin" validate -n 1 >/dev/null 2>"$res/.bin_err"; then
       -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)');$root" \
       -Dyaml-cpp_DIR="$libarch/cmake/yaml-cpp" -DCLI11_DIR="$root/share/cmake/CLI11" \
       -Dnlohmann_json_DIR="$root/share/cmake/nlohmann_json" -DMPI_C_COMPILER="$root/bin/mpicc" \
-      -DMFSDP_PYTHON="$PY" -DCMAKE_CUDA_COMPILER="$nvcc_bin" > "$res/.cmake.log" 2>&1 &&
+      -DMFSDP_PYTHON="$PY" -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
+      -DPKG_CONFIG_EXECUTABLE="$root/bin/pkgconf" > "$res/.cmake.log" 2>&1 &&
     timeout 300 ninja -C "$here/build-gpu" -j "$(nproc)" mfsdp > "$res/.ninja.log" 2>&1
   rc=$?
   tail -20 "$res/.cmake.log" "$res/.ninja.log"

@@ -2,7 +2,8 @@
 # Step 1 of the GPU check, on this (CPU) machine: gather into gpu_bundle/ (git-ignored) what the GPU
 # machine lacks and cannot download (it has torch, nvcc, CMake and ninja, but no Debian packages and
 # no network; ../shared/reference/gpu.md):
-#   gpu_bundle/root/   Open MPI, yaml-cpp, CLI11, nlohmann-json (and their runtime libraries) as
+#   gpu_bundle/root/   Open MPI, yaml-cpp, CLI11, nlohmann-json, PCRE2, utf8proc, zstd, SentencePiece,
+#                      pkgconf (and their runtime libraries) as
 #                      files: the .deb packages unpacked with dpkg -x, docs and man pages dropped;
 #   gpu_bundle/bin/    the mfsdp built here against torch 2.11.0+cu130 (same LibTorch ABI as the
 #                      GPU machine's wheel, so it may run there as is; check.sh tries it first and
@@ -17,7 +18,9 @@ pkgs=(libyaml-cpp0.7 libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
       libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common
       libpmix2 libhwloc15 libhwloc-plugins libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0
       libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libltdl7 libmunge2
-      libgfortran5 libnuma1 libatomic1)
+      libgfortran5 libnuma1 libatomic1
+      libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2
+      libzstd-dev zlib1g-dev libsentencepiece-dev libsentencepiece0 pkgconf pkgconf-bin libpkgconf3)
 [ -x "$build/bin/mfsdp" ] || { echo "prepare.sh: $build/bin/mfsdp not found: build first (scripts/setup.sh)" >&2; exit 1; }
 rm -rf "$out.tmp"
 mkdir -p "$out.tmp/debs" "$out.tmp/root" "$out.tmp/bin"
@@ -29,6 +32,13 @@ rm -rf "$out.tmp/debs" "$out.tmp/root/usr/share/doc" "$out.tmp/root/usr/share/ma
 # Open MPI names CMake and the scripts use.
 for tool in mpicc mpirun mpiexec; do
   [ -e "$out.tmp/root/usr/bin/$tool.openmpi" ] && ln -sfn "$tool.openmpi" "$out.tmp/root/usr/bin/$tool"
+done
+# pkg-config files say prefix=/usr: make them relative to where they lie (pkgconf's ${pcfiledir}).
+for pc in "$out.tmp"/root/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc; do
+  sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../../..|' "$pc"
+done
+for pc in "$out.tmp"/root/usr/share/pkgconfig/*.pc; do
+  [ -e "$pc" ] && sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../..|' "$pc"
 done
 strip --strip-debug -o "$out.tmp/bin/mfsdp" "$build/bin/mfsdp"
 git -C "$here" rev-parse HEAD > "$out.tmp/commit"
