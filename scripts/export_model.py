@@ -17,6 +17,7 @@ The model contract (README "Model contract") that any TorchScript model must fol
     the input sequence) runs the same code.
 """
 import argparse
+import sys
 import json
 import math
 
@@ -308,6 +309,12 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=0, help="llama: key/value heads (default: --heads)")
     ap.add_argument("--ffn-hidden", type=int, default=0, help="llama: MLP width (default: 8/3 d rounded to 64)")
     ap.add_argument("--vocab", type=int, default=264, help="vocabulary size (byte-level data needs >= 257)")
+    ap.add_argument("--vocab-from", metavar="PREFIX.meta.json",
+                    help="take the vocabulary size from what prepare-data wrote beside a dataset, rounded up to "
+                         "--vocab-multiple (overrides --vocab)")
+    ap.add_argument("--vocab-multiple", type=int, default=128,
+                    help="with --vocab-from: pad the vocabulary to a multiple of this (Megatron's "
+                         "--make-vocab-size-divisible-by; keeps TP shards equal)")
     ap.add_argument("--max-seq", type=int, default=1024, help="gpt: learned positions")
     ap.add_argument("--rope-theta", type=float, default=10000.0)
     ap.add_argument("--rope-buffer", action="store_true", help="llama: keep rotary frequencies in a buffer")
@@ -324,6 +331,15 @@ def main() -> None:
     ap.add_argument("--state-dict", help="also save the initial state_dict (torch.save) here, for parity checks")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.vocab_from:
+        try:
+            meta = json.load(open(args.vocab_from))
+            n = int(meta["vocab_size"])
+        except (OSError, ValueError, KeyError) as e:
+            ap.error(f"--vocab-from {args.vocab_from}: expected prepare-data's PREFIX.meta.json with vocab_size ({e})")
+        m = max(1, args.vocab_multiple)
+        args.vocab = (n + m - 1) // m * m
+        print(f"export_model: vocabulary {n} ({meta.get('tokenizer')}) padded to {args.vocab}", file=sys.stderr)
 
     torch.manual_seed(args.seed)
     global ATTENTION

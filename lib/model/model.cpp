@@ -141,12 +141,18 @@ int64_t Model::num_embedding_params() const {
   std::set<std::string> emb_prefixes;
   for (const auto& nm : module_.named_modules())
     if (unqualified_class_name(nm.value) == "Embedding") emb_prefixes.insert(nm.name + ".");
+  // A parameter is an embedding table only when every name it has lies under an Embedding: an
+  // output head tied to the table (lm_head.weight = wte.weight) does the logits' matmul, whose
+  // FLOPs count (6 x vocab x hidden per token, as in Megatron's formula).
   for (const auto& p : params_) {
-    bool is_emb = false;
-    for (const auto& name : [&] { auto v = p.aliases; v.push_back(p.name); return v; }())
+    bool all_emb = true;
+    for (const auto& name : [&] { auto v = p.aliases; v.push_back(p.name); return v; }()) {
+      bool under = false;
       for (const auto& pre : emb_prefixes)
-        if (name.rfind(pre, 0) == 0) is_emb = true;
-    if (is_emb) n += p.global_numel();
+        if (name.rfind(pre, 0) == 0) under = true;
+      all_emb = all_emb && under;
+    }
+    if (all_emb) n += p.global_numel();
   }
   return n;
 }

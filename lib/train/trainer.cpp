@@ -224,7 +224,7 @@ class Trainer {
     const int64_t n_dense = n_params_ - model_->num_embedding_params();
     const int64_t L = std::max<int64_t>(1, int64_t(model_->units().size()));
     flops_per_token_ = 6.0 * double(n_dense) + 6.0 * double(L) * double(cfg_.training.seq_length) * double(model_->hidden_size());
-    log(fmt::format("model {}: {} parameters ({} outside embeddings), {}; compute {}", cfg_.model.path, n_params_, n_dense,
+    log(fmt::format("model {}: {} parameters ({} in matmuls: embedding tables excluded, a tied output head counted), {}; compute {}", cfg_.model.path, n_params_, n_dense,
                     units, cfg_.model.compute_dtype));
 
     tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
