@@ -24,6 +24,7 @@ packages=(
   nlohmann-json3-dev                               # checkpoint index (JSON)
   libpcre2-dev libutf8proc-dev zlib1g-dev libzstd-dev zstd libsentencepiece-dev   # prepare-data's tokenizers and inputs
   bible-kjv bible-kjv-text                         # the demo corpus (public domain)
+  slurmctld slurmd slurm-client munge              # a real SLURM for the tests (started by them)
   python3 python3-venv
 )
 missing=()

@@ -17,13 +17,37 @@
 
 namespace mfsdp::cli {
 
+// The outcome of a run for a cluster script: {"status": "completed" | "stopped", "step": N,
+// "checkpoint": PATH, "signal_stop": bool}, written by rank 0 under a temporary name and renamed.
+// scripts/slurm/train.sbatch requeues the job when the status is "stopped" (SIGUSR1/SIGTERM
+// before the time limit, the checkpoint saved).
+void write_status_file(const std::string& path, const TrainResult& r) {
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) throw UserError(path + ": cannot write the --status-file");
+  std::string ckpt;
+  for (char c : r.last_checkpoint) {
+    if (c == '"' || c == '\\') ckpt.push_back('\\');
+    ckpt.push_back(c);
+  }
+  std::fprintf(f, "{\"status\": \"%s\", \"step\": %lld, \"checkpoint\": \"%s\"}\n", r.preempted ? "stopped" : "completed",
+               (long long)r.steps, ckpt.c_str());
+  bool ok = std::fclose(f) == 0;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) throw UserError(path + ": cannot write the --status-file");
+}
+
 Runner add_train(CLI::App& cmd) {
   auto args = std::make_shared<ConfigArgs>();
+  auto status_file = std::make_shared<std::string>();
   args->add_to(cmd);
-  return [args]() {
+  cmd.add_option("--status-file", *status_file,
+                 "Rank 0 writes the run's outcome here as JSON when it ends: status completed or stopped (by "
+                 "SIGUSR1/SIGTERM, after saving), step, checkpoint (cluster scripts requeue on stopped)");
+  return [args, status_file]() {
     Config cfg = args->file.empty() ? load_config_string(embedded_default_config(), "<embedded default>", args->overrides)
                                     : load_config_file(args->file, args->overrides);
     TrainResult r = train(cfg);
+    if (MpiEnv::world_rank() == 0 && !status_file->empty()) write_status_file(*status_file, r);
     if (MpiEnv::world_rank() == 0) {
       std::printf("%s: %lld steps%s, final loss %.4f%s; run directory %s (metrics.jsonl, config.yaml)%s\n",
                   r.preempted ? "stopped by signal" : "done", (long long)r.steps,

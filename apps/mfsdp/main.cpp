@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "comm/mpi_env.h"
+#include "train/trainer.h"
 #include "train/system.h"
 #include "util/error.h"
 
@@ -79,6 +80,9 @@ int main(int argc, char** argv) {
   try {
     for (auto& [cmd, runner] : runners) {
       if (!cmd->parsed()) continue;
+      // Before MPI and LibTorch start (seconds): a SLURM warning signal during start-up must not kill
+      // the rank; train checks the flag after its first step.
+      if (cmd->get_name() == "train") mfsdp::install_stop_signal_handlers();
       if (runner.second) {
         mpi = std::make_unique<mfsdp::MpiEnv>(&argc, &argv);
         std::snprintf(g_sigint_line, sizeof g_sigint_line, "mfsdp: rank %d: interrupted (SIGINT)\n",

@@ -276,8 +276,7 @@ class Trainer {
         log("tensorboard: " + tensorboard_->path() + " (tensorboard --logdir " + cfg_.run_dir + "/tensorboard)");
       }
     }
-    std::signal(SIGTERM, on_stop_signal);
-    std::signal(SIGUSR1, on_stop_signal);
+    install_stop_signal_handlers();
     // auto: a bar only on a terminal of our own; under mpirun/srun a rank's stdout may be a pty that
     // the launcher forwards into a file or pipe, so launched jobs print plain lines.
     const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("SLURM_PROCID");
@@ -645,6 +644,11 @@ class Trainer {
 TrainResult train(const Config& cfg) {
   Trainer t(cfg);
   return t.run();
+}
+
+void install_stop_signal_handlers() {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
 }
 
 }  // namespace mfsdp

@@ -18,4 +18,9 @@ struct TrainResult {
 
 TrainResult train(const Config& cfg);
 
+// SIGUSR1 / SIGTERM set a flag that the ranks agree on after every step (then save and stop).
+// `mfsdp train` installs the handlers first thing: SLURM may send its time-limit warning while the
+// ranks are still starting, and the default action would kill them.
+void install_stop_signal_handlers();
+
 }  // namespace mfsdp

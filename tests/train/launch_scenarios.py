@@ -8,7 +8,8 @@ kill:      one of four ranks gets SIGKILL at a random moment (10 runs): the job 
 mismatch:  a planted collective mismatch (MFSDP_TEST_MISMATCH) is caught by the watchdog on every
            rank and explained by `mfsdp diagnose`.
 slurm:     a start as srun makes it, simulated by SLURM's environment variables.
-sbatch:    scripts/slurm/train.sbatch passes bash -n and prints its launch command in dry-run mode.
+sbatch:    scripts/slurm/train.sbatch passes bash -n and prints its launch command in dry-run mode
+           (the real SLURM runs it in tests/slurm/slurm_scenarios.py).
 sigint:    Ctrl-C (SIGINT) to a rank ends the job with one line naming it.
 """
 import os
@@ -136,11 +137,11 @@ def scenario_sbatch():
             ("srun", {}, "srun --kill-on-bad-exit=1"),
             ("mpirun", {"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_CPUS_PER_TASK": "2"},
              "mpirun -np 8 --map-by ppr:4:node:PE=2")):
-        e = dict(os.environ, DRY_RUN="1", LAUNCHER=launcher, **env)
+        e = dict(os.environ, DRY_RUN="1", LAUNCHER=launcher, MFSDP=A.bin, **env)
         p = subprocess.run(["bash", script, "configs/default.yaml", "training.max_steps=5"], capture_output=True,
                            text=True, env=e)
         print(p.stdout.strip())
-        if p.returncode != 0 or expect not in p.stdout or "train -c configs/default.yaml training.max_steps=5" not in p.stdout:
+        if p.returncode != 0 or expect not in p.stdout or "-c configs/default.yaml training.max_steps=5" not in p.stdout:
             fail(f"dry run with LAUNCHER={launcher}")
 
 
