@@ -25,6 +25,7 @@ packages=(
   libpcre2-dev libutf8proc-dev zlib1g-dev libzstd-dev zstd libsentencepiece-dev   # prepare-data's tokenizers and inputs
   bible-kjv bible-kjv-text                         # the demo corpus (public domain)
   slurmctld slurmd slurm-client munge              # a real SLURM for the tests (started by them)
+  clang libclang-rt-14-dev                         # libFuzzer + sanitizers for fuzz/ (scripts/fuzz.sh)
   python3 python3-venv
 )
 missing=()

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors_header.h"
 #include "data/token_source.h"
 #include "util/error.h"
 
@@ -112,40 +113,10 @@ uint64_t checksum_file(const std::string& path) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   file_ = std::make_unique<MappedFile>(path);
-  auto bad = [&](const std::string& why) { throw UserError(path + ": not a valid safetensors file: " + why); };
-  if (file_->size() < 8) bad("shorter than 8 bytes");
-  uint64_t hlen;
-  std::memcpy(&hlen, file_->data(), 8);
-  if (hlen > file_->size() - 8) bad("the header length runs past the end of the file (truncated?)");
-  data_start_ = 8 + hlen;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(file_->data() + 8), hlen));
-  } catch (const std::exception& e) {
-    bad(std::string("header is not JSON: ") + e.what());
-  }
-  const size_t data_size = file_->size() - data_start_;
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      for (auto m = it.value().begin(); m != it.value().end(); ++m) metadata_[m.key()] = m.value().get<std::string>();
-      continue;
-    }
-    try {
-      Entry e;
-      e.dtype = dtype_of(it.value().at("dtype").get<std::string>(), path);
-      e.shape = it.value().at("shape").get<std::vector<int64_t>>();
-      auto offs = it.value().at("data_offsets").get<std::vector<size_t>>();
-      if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size) bad("tensor " + it.key() + " lies outside the data");
-      int64_t n = 1;
-      for (int64_t d : e.shape) n *= d;
-      if (size_t(n) * at::elementSize(e.dtype) != offs[1] - offs[0]) bad("tensor " + it.key() + " has the wrong size");
-      e.begin = offs[0];
-      e.end = offs[1];
-      entries_[it.key()] = e;
-    } catch (const nlohmann::json::exception& ex) {
-      bad("entry " + it.key() + ": " + ex.what());
-    }
-  }
+  SafetensorsHeader h = parse_safetensors_header(file_->data(), file_->size(), path);
+  data_start_ = h.data_start;
+  metadata_ = std::move(h.metadata);
+  for (auto& [name, e] : h.entries) entries_[name] = {dtype_of(e.dtype, path), std::move(e.shape), e.begin, e.end};
 }
 
 SafetensorsFile::~SafetensorsFile() = default;

@@ -5,6 +5,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
+#include <cstring>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -252,7 +255,9 @@ class Reader {
     if (!f.node.IsMap()) return;
     std::set<std::string> keys_here;
     for (auto it = f.node.begin(); it != f.node.end(); ++it) {
-      const YAML::Node& k = it->first;
+      // A copy: yaml-cpp's iterator hands out a temporary proxy, so a reference to it->first dangles
+      // (AddressSanitizer found it: stack-use-after-scope on every config with a key).
+      const YAML::Node k = it->first;
       std::string name = k.IsScalar() ? k.Scalar() : std::string();
       std::string path = join_path(f.path, name);
       if (!keys_here.insert(name).second)

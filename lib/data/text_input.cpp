@@ -164,6 +164,9 @@ bool LineReader::next(std::string& line) {
     buf_.erase(0, pos_);
     pos_ = 0;
     size_t old = buf_.size();
+    if (old > max_line_)
+      throw UserError(in_.path() + ":" + std::to_string(line_no_ + 1) + ": a line longer than " + std::to_string(max_line_ >> 20) +
+                      " MiB (is this a text or JSONL file?)");
     scan = old;
     buf_.resize(old + kChunk);
     size_t k = in_.read(&buf_[old], kChunk);

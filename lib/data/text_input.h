@@ -42,12 +42,15 @@ class InputStream {
 // Lines of an InputStream (without their '\n'), numbered from 1.
 class LineReader {
  public:
-  explicit LineReader(InputStream& in) : in_(in) {}
+  // A line longer than max_line bytes is a UserError naming the file and line (a file without
+  // newlines read as JSONL, a decompression bomb), not an unbounded buffer.
+  explicit LineReader(InputStream& in, size_t max_line = size_t(1) << 30) : in_(in), max_line_(max_line) {}
   bool next(std::string& line);
   int64_t line_number() const { return line_no_; }
 
  private:
   InputStream& in_;
+  size_t max_line_;
   std::string buf_;
   size_t pos_ = 0;
   bool eof_ = false;
