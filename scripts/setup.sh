@@ -26,6 +26,7 @@ packages=(
   bible-kjv bible-kjv-text                         # the demo corpus (public domain)
   slurmctld slurmd slurm-client munge              # a real SLURM for the tests (started by them)
   clang libclang-rt-14-dev                         # libFuzzer + sanitizers for fuzz/ (scripts/fuzz.sh)
+  iproute2                                         # network namespaces: the tests' two hosts
   python3 python3-venv
 )
 missing=()

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -232,7 +233,55 @@ struct CheckpointManager::Pending {
 
 CheckpointManager::CheckpointManager(const Config& cfg, ProcessGroups& pg, Model& model, ParallelEngine& engine,
                                      Optimizer& optimizer)
-    : cfg_(cfg), pg_(pg), model_(model), engine_(engine), optimizer_(optimizer) {}
+    : cfg_(cfg), pg_(pg), model_(model), engine_(engine), optimizer_(optimizer) {
+  check_shared_dir();
+}
+
+// Every rank writes its shards into checkpoint.dir and rank 0 writes the index that names them, so
+// the directory has to be one directory for all ranks (a shared file system). A host whose
+// checkpoint.dir is its own local disk would silently split every checkpoint: rank 0 writes a probe
+// with a random token, every rank reads it back, and the ranks that cannot are named.
+void CheckpointManager::check_shared_dir() {
+  if (!cfg_.checkpoint.dir) return;
+  Communicator& world = pg_.get(MeshGroup::kWorld);
+  const std::string dir = *cfg_.checkpoint.dir;
+  const std::string probe = dir + "/.mfsdp_shared_probe";
+  std::string mine;
+  if (world.rank() == 0) {
+    try {
+      fs::create_directories(dir);
+      std::random_device rd;
+      const std::string token = fmt::format("{:016x}{:08x}", (uint64_t(rd()) << 32) | rd(), uint32_t(::getpid()));
+      write_text_atomically(probe, token);
+      mine = "ok:" + token;
+    } catch (const std::exception& e) {
+      mine = std::string("error:") + e.what();
+    }
+  }
+  const std::string first = all_gather_strings(world, mine)[0];
+  if (first.rfind("error:", 0) == 0)
+    throw UserError(cfg_.where("checkpoint.dir") + ": checkpoint.dir " + dir + ": rank 0 cannot write there: " + first.substr(6));
+  std::string seen;
+  {
+    std::ifstream in(probe);
+    std::getline(in, seen);
+  }
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  const auto all = all_gather_strings(world, seen == first.substr(3) ? std::string() : std::string(host));
+  if (world.rank() == 0) std::remove(probe.c_str());
+  std::string ranks, hosts;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) continue;
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+    if (hosts.find(all[r]) == std::string::npos) hosts += (hosts.empty() ? "" : ", ") + all[r];
+  }
+  if (!ranks.empty())
+    throw UserError(cfg_.where("checkpoint.dir") + ": checkpoint.dir " + dir + ": rank(s) " + ranks + " (on " + hosts +
+                    ") do not see what rank 0 writes there; every rank saves its shards into this directory and "
+                    "rank 0 writes the index that names them, so it must be one shared directory on every host "
+                    "(NFS, Lustre, GPFS, ...), not a local disk");
+}
 
 CheckpointManager::~CheckpointManager() {
   if (pending_ && pending_->writer.joinable()) pending_->writer.join();

@@ -54,6 +54,7 @@ class CheckpointManager {
  private:
   struct Pending;
   void finalize(Pending& p);
+  void check_shared_dir();  // collective: every rank sees what rank 0 writes in checkpoint.dir
   const Config& cfg_;
   ProcessGroups& pg_;
   Model& model_;

@@ -37,6 +37,7 @@ struct FlightRecorder::Impl {
   struct Entry {
     uint64_t handle;
     std::string op, group, members, dtype, tag;
+    std::vector<int> member_ranks;
     uint64_t seq;
     int64_t numel, step;
     double start, end = -1;
@@ -56,6 +57,7 @@ struct FlightRecorder::Impl {
   double timeout_s = 0;
   std::string dir;
   int rank = 0, world = 1;
+  std::vector<std::string> hosts;  // rank -> host name (set once the placement is known)
 };
 
 FlightRecorder& FlightRecorder::instance() {
@@ -74,10 +76,16 @@ uint64_t FlightRecorder::begin(const std::string& op, const std::string& group, 
   std::vector<std::string> m;
   for (int r : members) m.push_back(std::to_string(r));
   std::lock_guard<std::mutex> lock(I->mu);
-  Impl::Entry e{I->next++, op, group, "[" + join(m, ",") + "]", dtype, I->tag, seq, numel, I->step, now_s(), -1, {}, {}};
+  Impl::Entry e{I->next++, op, group, "[" + join(m, ",") + "]", dtype, I->tag, members, seq, numel, I->step, now_s(), -1, {}, {}};
   I->entries.push_back(e);
   while (I->entries.size() > kKeep && I->entries.front().end >= 0) I->entries.pop_front();
   return e.handle;
+}
+
+void FlightRecorder::set_hosts(std::vector<std::string> hosts) {
+  Impl* I = impl();
+  std::lock_guard<std::mutex> lock(I->mu);
+  I->hosts = std::move(hosts);
 }
 
 void FlightRecorder::end(uint64_t handle) {
@@ -173,11 +181,20 @@ void FlightRecorder::start_watchdog(double timeout_s, const std::string& run_dir
       if (!stuck) continue;
       for (auto& e : I->entries)  // hung device work fails instead of spinning on the GPU
         if (e.end < 0 && e.abort) e.abort();
+      // The peers it waits for, with their hosts: a peer on another host may be unreachable (a cut
+      // link, a dead node) rather than dead or out of step.
+      std::string peers;
+      for (int r : stuck->member_ranks) {
+        if (r == I->rank) continue;
+        peers += (peers.empty() ? "" : ", ") + std::to_string(r);
+        if (size_t(r) < I->hosts.size()) peers += " on " + I->hosts[size_t(r)];
+      }
+      const std::string where = size_t(I->rank) < I->hosts.size() ? " (this rank is on " + I->hosts[size_t(I->rank)] + ")" : "";
       const std::string what = fmt::format(
           "{} #{} on group {} {} ({} elements, {}{}) has not finished after {:.0f} s (distributed.timeout_s = {:g}) "
-          "at step {}",
+          "at step {}; waiting for rank(s) {}{}",
           stuck->op, stuck->seq, stuck->group, stuck->members, stuck->numel, stuck->dtype,
-          stuck->tag.empty() ? "" : ", " + stuck->tag, t - stuck->start, I->timeout_s, stuck->step);
+          stuck->tag.empty() ? "" : ", " + stuck->tag, t - stuck->start, I->timeout_s, stuck->step, peers, where);
       lock.unlock();
       std::string path;
       try {
@@ -186,12 +203,18 @@ void FlightRecorder::start_watchdog(double timeout_s, const std::string& run_dir
         path = std::string("(could not write the flight record: ") + e.what() + ")";
       }
       std::fprintf(stderr,
-                   "mfsdp: rank %d: watchdog: %s; a peer died or issued a different collective. Flight record: %s "
-                   "(run `mfsdp diagnose %s`)\n",
+                   "mfsdp: rank %d: watchdog: %s; a peer died, is unreachable or issued a different collective. "
+                   "Flight record: %s (run `mfsdp diagnose %s`)\n",
                    I->rank, what.c_str(), path.c_str(), I->dir.c_str());
       std::fflush(stderr);
       // Give the other ranks' watchdogs a moment to write their records before the job ends.
       std::this_thread::sleep_for(std::chrono::seconds(2));
+      // MPI_Abort has to reach the launcher; when the network to it is gone it may never return:
+      // this rank ends regardless after 10 s.
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::seconds(10));
+        std::_Exit(3);
+      }).detach();
       MpiEnv::abort_job(3);
     }
   });

@@ -36,6 +36,8 @@ class FlightRecorder {
   // Both run on the watchdog thread and must be thread-safe.
   void watch(uint64_t handle, std::function<bool()> done, std::function<void()> abort);
   void set_step(int64_t step);
+  // Every rank's host name, so that a hung collective's message says where its peers are.
+  void set_hosts(std::vector<std::string> hosts);
   void set_tag(const std::string& tag);  // applies to collectives begun afterwards on this process
   // Starts the watchdog (once). rank, run_dir: where records go.
   void start_watchdog(double timeout_s, const std::string& run_dir, int rank, int world);

@@ -314,6 +314,7 @@ class Trainer {
                                     "device", "threads", "(rep,shard,cp,tp)", "launcher");
     for (const auto& row : all_gather_strings(pg_->get(MeshGroup::kWorld), line)) table += "\n" + row;
     log(table);
+    FlightRecorder::instance().set_hosts(all_gather_strings(pg_->get(MeshGroup::kWorld), host));
   }
 
   // Keeps the lines of steps <= `step` (a crashed run may have logged steps past its checkpoint).
