@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/bpe.h"
+#include "tokenizer/json_ids.h"
 #include "tokenizer/text.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -667,7 +668,7 @@ HfTokenizer::HfTokenizer(const json& j, const std::string& path, const std::stri
   if (m.contains("dropout") && !m["dropout"].is_null() && m["dropout"].get<double>() > 0)
     throw UserError(path + ": model.dropout is set: BPE dropout makes tokenization random; remove it for data preparation");
   std::vector<std::pair<std::string, int32_t>> vocab;
-  for (const auto& [tok, id] : m.at("vocab").items()) vocab.emplace_back(tok, id.get<int32_t>());
+  for (const auto& [tok, id] : m.at("vocab").items()) vocab.emplace_back(tok, json_id(id, path + ": model.vocab[\"" + tok + "\"]"));
   std::vector<std::pair<std::string, std::string>> merges;
   const json& mj = m.contains("merges") ? m["merges"] : json::array();
   merges.reserve(mj.size());
@@ -696,7 +697,7 @@ HfTokenizer::HfTokenizer(const json& j, const std::string& path, const std::stri
 
   if (j.contains("added_tokens")) {
     for (const auto& a : j["added_tokens"]) {
-      added_.push_back({a.at("content").get<std::string>(), a.at("id").get<int32_t>(), get_bool(a, "single_word", false),
+      added_.push_back({a.at("content").get<std::string>(), json_id(a.at("id"), path + ": added_tokens[].id"), get_bool(a, "single_word", false),
                         get_bool(a, "lstrip", false), get_bool(a, "rstrip", false), get_bool(a, "normalized", true),
                         get_bool(a, "special", false)});
     }
@@ -767,13 +768,13 @@ void HfTokenizer::parse_post(const json& j, const std::string& where) {
       std::string name = item.at("SpecialToken").at("id").get<std::string>();
       if (!specials.contains(name)) throw UserError(where + ".single: special token \"" + name + "\" is not in special_tokens");
       auto& dst = seen_seq ? suffix_ids_ : prefix_ids_;
-      for (const auto& id : specials[name].at("ids")) dst.push_back(id.get<int32_t>());
+      for (const auto& id : specials[name].at("ids")) dst.push_back(json_id(id, where + ".special_tokens." + name));
     }
     return;
   }
   if (type == "RobertaProcessing" || type == "BertProcessing") {
-    prefix_ids_.push_back(j.at("cls").at(1).get<int32_t>());
-    suffix_ids_.push_back(j.at("sep").at(1).get<int32_t>());
+    prefix_ids_.push_back(json_id(j.at("cls").at(1), where + ".cls"));
+    suffix_ids_.push_back(json_id(j.at("sep").at(1), where + ".sep"));
     return;
   }
   throw UserError(where + ": unsupported post-processor type \"" + type +

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tokenizer/bpe.h"
+#include "tokenizer/json_ids.h"
 #include "tokenizer/text.h"
 #include "util/error.h"
 
@@ -260,8 +261,8 @@ std::unique_ptr<Tokenizer> load_tekken(const std::string& path, const TokenizerO
   try {
     j = json::parse(read_file(path, "Tekken tokenizer"));
     const json& cfg = j.at("config");
-    const int64_t vocab = cfg.at("default_vocab_size").get<int64_t>();
-    const int64_t nspecial = cfg.at("default_num_special_tokens").get<int64_t>();
+    const int64_t vocab = json_int(cfg.at("default_vocab_size"), 1, INT32_MAX, path + ": config.default_vocab_size");
+    const int64_t nspecial = json_int(cfg.at("default_num_special_tokens"), 0, vocab, path + ": config.default_num_special_tokens");
     const int64_t inner = vocab - nspecial;
     text::StrMap ranks;
     std::string bytes;
@@ -269,15 +270,15 @@ std::unique_ptr<Tokenizer> load_tekken(const std::string& path, const TokenizerO
     for (size_t i = 0; i < v.size() && int64_t(i) < inner; ++i) {
       if (!b64_decode(v[i].at("token_bytes").get<std::string>(), bytes))
         throw UserError(path + ": vocab[" + std::to_string(i) + "].token_bytes is not base64");
-      ranks.set(bytes, v[i].at("rank").get<uint64_t>());
+      ranks.set(bytes, uint64_t(json_int(v[i].at("rank"), 0, INT32_MAX - nspecial, path + ": vocab[].rank")));
     }
     // Mistral's special tokens: <unk> 0, <s> 1, </s> 2 unless the file lists them.
     int64_t eod = 2, bos = 1;
     if (j.contains("special_tokens")) {
       for (const auto& s : j["special_tokens"]) {
         std::string name = s.value("token_str", "");
-        if (name == "</s>") eod = s.at("rank").get<int64_t>();
-        if (name == "<s>") bos = s.at("rank").get<int64_t>();
+        if (name == "</s>") eod = json_int(s.at("rank"), 0, vocab - 1, path + ": special_tokens[].rank");
+        if (name == "<s>") bos = json_int(s.at("rank"), 0, vocab - 1, path + ": special_tokens[].rank");
       }
     }
     auto t = std::make_unique<RankTokenizer>(std::move(ranks), cfg.at("pattern").get<std::string>(), path + ": config.pattern",
