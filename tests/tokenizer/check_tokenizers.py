@@ -29,17 +29,9 @@ import time
 
 import numpy as np
 
-GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-def load_ranks(path):
-    ranks = {}
-    with open(path, "rb") as f:
-        for line in f:
-            if line.strip():
-                tok, rank = line.split()
-                ranks[base64.b64decode(tok)] = int(rank)
-    return ranks
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts", "tokenizers"))
+from fetch_vocabularies import GPT2_PATTERN, load_ranks  # noqa: E402  (one reader of rank files)
 
 
 def ref_hf(path):
