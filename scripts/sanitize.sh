@@ -29,7 +29,9 @@ fi
 cmake --build "$B" -j "${JOBS:-2}"
 here=$(pwd)
 # Uninstrumented LibTorch and MPI: no ODR checks across them, and leaks only from our code.
-export ASAN_OPTIONS=detect_leaks=1:detect_odr_violation=0:abort_on_error=1:allocator_may_return_null=1
+# fast_unwind_on_malloc=0: allocations made inside Open MPI and LibTorch (built without frame
+# pointers) are attributed to them, so that tests/lsan.supp can recognise them.
+export ASAN_OPTIONS=detect_leaks=1:detect_odr_violation=0:abort_on_error=1:allocator_may_return_null=1:fast_unwind_on_malloc=0
 export LSAN_OPTIONS=suppressions=$here/tests/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS="suppressions=$here/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1"

@@ -36,7 +36,7 @@ import time
 A = None
 ENV = dict(os.environ)
 failures = []
-STEPS = 120
+STEPS = 80
 
 
 def sh(*cmd, check=True, **kw):
@@ -138,7 +138,7 @@ def scenario_mpirun():
 
 def scenario_usr1():
     job, d = submit("usr1")
-    ok = wait_steps(f"{d}/run", 30)
+    ok = wait_steps(f"{d}/run", 20)
     sh("scancel", "--signal=USR1", str(job))
     state = wait_job(job, 180)
     out = output(d)
@@ -187,7 +187,7 @@ def scenario_time_limit():
 
 def scenario_requeue():
     job, d = submit("requeue", overrides=["checkpoint.save_every=10"])
-    ok = wait_steps(f"{d}/run", 35)
+    ok = wait_steps(f"{d}/run", 25)
     sh("scontrol", "requeue", str(job))
     state = wait_job(job, 180)
     out = output(d)
@@ -199,7 +199,7 @@ def scenario_requeue():
 
 def scenario_preempt():
     job, d = submit("preempt", overrides=["checkpoint.save_every=10"])
-    ok = wait_steps(f"{d}/run", 35)
+    ok = wait_steps(f"{d}/run", 25)
     hi = sh("sbatch", "--parsable", "-p", "high", "--ntasks-per-node=4", "-o", f"{d}/high-%j.out",
             "--wrap", "sleep 2; echo high priority done").stdout.strip()
     state_hi = wait_job(int(hi), 120)
@@ -256,7 +256,8 @@ def main():
     ap.add_argument("--mfsdp", required=True)
     ap.add_argument("--fixture", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("scenarios", nargs="*", default=list(SCENARIOS))
+    # batch_usr1 takes the path time_limit takes (the batch shell's trap); by name only, to keep CI short.
+    ap.add_argument("scenarios", nargs="*", default=[s for s in SCENARIOS if s != "batch_usr1"])
     A = ap.parse_args()
     os.makedirs(A.work, exist_ok=True)
     if os.geteuid() != 0:
