@@ -101,7 +101,7 @@ class Job {
           nlohmann::json j;
           try {
             j = nlohmann::json::parse(rec);
-          } catch (const nlohmann::json::parse_error& e) {
+          } catch (const nlohmann::json::exception& e) {  // syntax, or a number out of range ("1e99999")
             // nlohmann says "at line 1, column N"; the line is the file's.
             std::string msg = e.what();
             size_t p = msg.find("] ");

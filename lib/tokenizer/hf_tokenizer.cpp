@@ -841,6 +841,8 @@ json parse_json_file(const std::string& path) {
   } catch (const json::parse_error& e) {
     size_t line = 1 + std::count(s.begin(), s.begin() + static_cast<ptrdiff_t>(std::min(e.byte, s.size())), '\n');
     throw UserError(path + ":" + std::to_string(line) + ": not valid JSON: " + e.what());
+  }  catch (const json::exception& e) {  // a number too large for any type ("1e99999"), ...
+    throw UserError(path + ": not valid JSON: " + e.what());
   }
 }
 

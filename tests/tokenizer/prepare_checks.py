@@ -127,6 +127,11 @@ def main():
     check("bad_json: names file and line 5001", rc == 2 and "bad.jsonl:5001: invalid JSON" in msg, msg)
     check("bad_json: nothing written", not any(os.path.exists(f"{w}/bad_text_document{e}") for e in (".bin", ".idx", ".bin.tmp", ".idx.tmp")))
 
+    open(f"{w}/bignum.jsonl", "w").write('{"text": "a"}\n{"text": "b", "n": 1e99999}\n')
+    rc, msg = run(args, "-i", f"{w}/bignum.jsonl", "-o", f"{w}/bignum", "-t", gpt2)
+    check("bad_json: a number out of range names file:line (found by the fuzzer)",
+          rc == 2 and "bignum.jsonl:2: invalid JSON" in msg, msg)
+
     # bad_key
     open(f"{w}/nokey.jsonl", "w").write('{"text": "a"}\n{"body": "b"}\n')
     rc, msg = run(args, "-i", f"{w}/nokey.jsonl", "-o", f"{w}/nokey", "-t", gpt2)
