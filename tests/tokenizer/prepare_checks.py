@@ -113,6 +113,17 @@ def main():
     t, _ = tokens(f"{w}/byte")
     check("eod_bos: the byte tokenizer ends documents with 256", rc == 0 and t[11] == 10 and t[12] == 256 and t[-1] == 256, str(t))
 
+    rc, msg = run(args, "-i", txt, "-o", f"{w}/eodtok", "-t", gpt2, "--split-lines", "--append-eod", "--eod-token", "Hello")
+    t, _ = tokens(f"{w}/eodtok")
+    check("eod_bos: --eod-token chooses the end-of-document token (Hello = 15496)", rc == 0 and t[3] == 15496 and t[-1] == 15496,
+          f"{msg} {t}")
+    p = subprocess.run([args.mfsdp, "prepare-data", "--progress", "-i", txt, "-o", f"{w}/prog", "-t", gpt2],
+                       capture_output=True, text=True)
+    check("progress: --progress draws the line when stderr is not a terminal",
+          p.returncode == 0 and "prepare-data: 1 documents" in p.stderr, p.stderr)
+    rc, msg = run(args, "-i", txt, "-o", f"{w}/noprog", "-t", gpt2)
+    check("progress: --no-progress draws none", rc == 0 and "MB/s)" not in msg.split("tokenizer ")[0], msg)
+
     # dtype
     rc, msg = run(args, "-i", txt, "-o", f"{w}/tk", "-t", os.path.join(args.vocab, "tekken_240718.json"))
     _, code = tokens(f"{w}/tk")
