@@ -5,6 +5,8 @@
 #include <array>
 #include <cstdio>
 
+#include <mpi.h>
+
 #include "commands.h"
 #include "comm/mpi_env.h"
 #include "config/config.h"
@@ -17,21 +19,21 @@
 
 namespace mfsdp::cli {
 
-// The outcome of a run for a cluster script: {"status": "completed" | "stopped", "step": N,
-// "checkpoint": PATH, "signal_stop": bool}, written by rank 0 under a temporary name and renamed.
+// The state of a run for a cluster script: {"status": "running" | "completed" | "stopped", "step": N,
+// "checkpoint": PATH}; "running" once every rank is up (and handles stop signals), the outcome at the
+// end; written by rank 0 under a temporary name and renamed.
 // scripts/slurm/train.sbatch requeues the job when the status is "stopped" (SIGUSR1/SIGTERM
 // before the time limit, the checkpoint saved).
-void write_status_file(const std::string& path, const TrainResult& r) {
+void write_status_file(const std::string& path, const char* status, long long step, const std::string& checkpoint) {
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) throw UserError(path + ": cannot write the --status-file");
   std::string ckpt;
-  for (char c : r.last_checkpoint) {
+  for (char c : checkpoint) {
     if (c == '"' || c == '\\') ckpt.push_back('\\');
     ckpt.push_back(c);
   }
-  std::fprintf(f, "{\"status\": \"%s\", \"step\": %lld, \"checkpoint\": \"%s\"}\n", r.preempted ? "stopped" : "completed",
-               (long long)r.steps, ckpt.c_str());
+  std::fprintf(f, "{\"status\": \"%s\", \"step\": %lld, \"checkpoint\": \"%s\"}\n", status, step, ckpt.c_str());
   bool ok = std::fclose(f) == 0;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) throw UserError(path + ": cannot write the --status-file");
 }
@@ -46,8 +48,16 @@ Runner add_train(CLI::App& cmd) {
   return [args, status_file]() {
     Config cfg = args->file.empty() ? load_config_string(embedded_default_config(), "<embedded default>", args->overrides)
                                     : load_config_file(args->file, args->overrides);
+    if (!status_file->empty()) {
+      // Every rank installs its stop-signal handlers in main before MPI_Init, so once all ranks have
+      // passed this barrier a SIGUSR1/SIGTERM stops training cleanly instead of killing a rank that
+      // is still loading. train.sbatch holds back a signal that arrives before "running" appears
+      // (SLURM's time-limit warning can come while srun is still starting the ranks).
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (MpiEnv::world_rank() == 0) write_status_file(*status_file, "running", 0, "");
+    }
     TrainResult r = train(cfg);
-    if (MpiEnv::world_rank() == 0 && !status_file->empty()) write_status_file(*status_file, r);
+    if (MpiEnv::world_rank() == 0 && !status_file->empty()) write_status_file(*status_file, r.preempted ? "stopped" : "completed", (long long)r.steps, r.last_checkpoint);
     if (MpiEnv::world_rank() == 0) {
       std::printf("%s: %lld steps%s, final loss %.4f%s; run directory %s (metrics.jsonl, config.yaml)%s\n",
                   r.preempted ? "stopped by signal" : "done", (long long)r.steps,

@@ -5,7 +5,10 @@
 
 Every GPU run trains the same model on the same data as a CPU run of mfsdp (which the CPU suite
 checks against PyTorch itself, tests/oracle) and must match it step by step:
-  - fp32: losses within 1e-5 relative (compare_metrics.py), gradient norms within 1e-4;
+  - fp32: losses within 1e-5 relative (compare_metrics.py), gradient norms within 1e-3 (the
+    fixture's step 12 is a gradient spike, norm 11.5 against ~1.5, whose norm moves by up to 2.6e-4
+    between runs whose weights differ in the last bits: two 2-rank runs differ from each other by
+    1.3e-4 there and by 1e-7 at every other step; a wrong reduction is off by 30% or more);
   - bf16: losses within 2e-2 relative (bf16 GEMMs round differently on the GPU's tensor cores and
     the CPU's emulation; measured differences are in the report);
   - SDPA attention (flash / memory-efficient kernels on the GPU, math on the CPU): 1e-4.
@@ -187,7 +190,7 @@ def main():
         elif ref:
             s.compare(name, ref, name, rtol)
             if rtol <= 1e-5:
-                s.compare(name + " (grad norm)", ref, name, 1e-4, key="grad_norm")
+                s.compare(name + " (grad norm)", ref, name, 1e-3, key="grad_norm")
     if "nccl_n1_dropout_ac" in gpu_rc and gpu_rc["nccl_n1_dropout_ac"] == 0:
         # Dropout on the GPU draws from the CUDA generator: activation checkpointing must replay the
         # same masks (the CUDA RNG stash), so the run equals one without checkpointing.

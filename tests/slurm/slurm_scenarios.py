@@ -12,10 +12,13 @@ losses and gradient norms must equal, bit for bit, those of one uninterrupted `m
                 starts again (SLURM_RESTART_COUNT 1) and resumes; it ends COMPLETED with Restarts=1
   batch_usr1    scancel --batch --signal=USR1 (the batch shell only, where SLURM's B:USR1 time-limit
                 warning goes): the script passes it to the ranks; then as usr1
+  early_usr1    scancel --batch --signal=USR1 as soon as the script has started srun, while the ranks
+                are still loading LibTorch (before their handlers exist): the script holds the signal
+                back until mfsdp reports "running", then as batch_usr1
   time_limit    a run longer than its --time=1 limit with the warning --signal=B:USR1@50: the
-                warning comes before the limit (here often while the ranks are still starting: the
-                handler is installed before MPI and LibTorch start), the job saves, requeues itself
-                and resumes; then it is cancelled (exact resume is what the other scenarios check)
+                warning comes before the limit (SLURM checks every few seconds, and the warning can
+                come while the ranks still start: early_usr1), the job saves, requeues itself and
+                resumes; then it is cancelled (exact resume is what the other scenarios check)
   requeue       scontrol requeue mid-run (SLURM's own requeue, after periodic saves): resumes
   preempt       the job in the low partition is preempted by a job in the high partition
                 (PreemptMode=REQUEUE): requeued by SLURM, it resumes after the high job
@@ -161,6 +164,20 @@ def scenario_batch_usr1():
     same_as_reference("batch_usr1", d)
 
 
+def scenario_early_usr1():
+    job, d = submit("early_usr1")
+    t0 = time.time()
+    while "mfsdp job" not in output(d) and time.time() - t0 < 60:
+        time.sleep(0.05)
+    sh("scancel", "--batch", "--signal=USR1", str(job))
+    state = wait_job(job, 180)
+    out = output(d)
+    check("early_usr1: a USR1 while the ranks start is held back, passed on once they run; the job requeues and completes",
+          state == "COMPLETED" and job_field(job, "Restarts") == "1" and "while the ranks start" in out
+          and "the ranks run; passing SIGUSR1 on" in out, f"{state}, restarts {job_field(job, 'Restarts')}\n{out[-2000:]}")
+    same_as_reference("early_usr1", d)
+
+
 def scenario_time_limit():
     # A run longer than its one-minute limit: SLURM's warning (B:USR1@50) must come before the limit,
     # the job must save, requeue itself and resume; it is cancelled once the second start resumed.
@@ -245,7 +262,7 @@ def reference(steps):
 
 
 SCENARIOS = {"srun": scenario_srun, "mpirun": scenario_mpirun, "usr1": scenario_usr1, "batch_usr1": scenario_batch_usr1,
-             "time_limit": scenario_time_limit,
+             "early_usr1": scenario_early_usr1, "time_limit": scenario_time_limit,
              "requeue": scenario_requeue, "preempt": scenario_preempt, "kill_rank": scenario_kill_rank}
 
 
