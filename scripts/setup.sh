@@ -51,13 +51,16 @@ fi
 # --- PyTorch from PyPI in a project-local virtual environment -----------------------------------
 # The reference tokenizer libraries (tests hold prepare-data to them), pinned.
 REF_TOKENIZERS=(tokenizers==0.23.3 tiktoken==0.14.0 sentencepiece==0.2.3)
-have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, tensorboard, tokenizers, tiktoken, sentencepiece, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION' or tokenizers.__version__ != '0.23.3')" 2>/dev/null; }
+# Hugging Face models: scripts/export_hf.py builds them, the oracle trains them, export --format hf
+# output is loaded back by from_pretrained (tests/hf).
+HF_PACKAGES=(transformers==5.24.0 safetensors==0.8.0)
+have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, tensorboard, tokenizers, tiktoken, sentencepiece, transformers, safetensors, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION' or tokenizers.__version__ != '0.23.3' or transformers.__version__ != '5.24.0')" 2>/dev/null; }
 if ! have_torch; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   echo "setup: installing torch==$TORCH_VERSION into $VENV (about 4 GB with its CUDA libraries)"
   # tensorboard: its reader checks mfsdp's event files (tests); not needed to train.
   # tokenizers, tiktoken, sentencepiece: the references prepare-data's tokenizers are tested against.
-  "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" numpy pyyaml tensorboard "${REF_TOKENIZERS[@]}"
+  "$VENV/bin/pip" install -q --progress-bar off "torch==$TORCH_VERSION" numpy pyyaml tensorboard "${REF_TOKENIZERS[@]}" "${HF_PACKAGES[@]}"
   have_torch || { echo "setup: $VENV/bin/python cannot import torch $TORCH_VERSION after installing it" >&2; exit 1; }
 fi
 PY=$(cd "$VENV/bin" && pwd)/python

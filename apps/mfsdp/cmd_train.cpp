@@ -3,7 +3,10 @@
 // mfsdp plot RUN_DIR [-o FILE]
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <csignal>
 #include <cstdio>
+#include <map>
 
 #include <mpi.h>
 
@@ -20,11 +23,12 @@
 namespace mfsdp::cli {
 
 // The state of a run for a cluster script: {"status": "running" | "completed" | "stopped", "step": N,
-// "checkpoint": PATH}; "running" once every rank is up (and handles stop signals), the outcome at the
+// "checkpoint": PATH, "signal": "SIGUSR1" | "SIGTERM" | ""}; "running" once every rank is up (and handles stop signals), the outcome at the
 // end; written by rank 0 under a temporary name and renamed.
 // scripts/slurm/train.sbatch requeues the job when the status is "stopped" (SIGUSR1/SIGTERM
 // before the time limit, the checkpoint saved).
-void write_status_file(const std::string& path, const char* status, long long step, const std::string& checkpoint) {
+void write_status_file(const std::string& path, const char* status, long long step, const std::string& checkpoint,
+                       int signal = 0) {
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) throw UserError(path + ": cannot write the --status-file");
@@ -33,7 +37,9 @@ void write_status_file(const std::string& path, const char* status, long long st
     if (c == '"' || c == '\\') ckpt.push_back('\\');
     ckpt.push_back(c);
   }
-  std::fprintf(f, "{\"status\": \"%s\", \"step\": %lld, \"checkpoint\": \"%s\"}\n", status, step, ckpt.c_str());
+  const char* sig = signal == SIGUSR1 ? "SIGUSR1" : signal == SIGTERM ? "SIGTERM" : "";
+  std::fprintf(f, "{\"status\": \"%s\", \"step\": %lld, \"checkpoint\": \"%s\", \"signal\": \"%s\"}\n", status, step,
+               ckpt.c_str(), sig);
   bool ok = std::fclose(f) == 0;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) throw UserError(path + ": cannot write the --status-file");
 }
@@ -57,7 +63,8 @@ Runner add_train(CLI::App& cmd) {
       if (MpiEnv::world_rank() == 0) write_status_file(*status_file, "running", 0, "");
     }
     TrainResult r = train(cfg);
-    if (MpiEnv::world_rank() == 0 && !status_file->empty()) write_status_file(*status_file, r.preempted ? "stopped" : "completed", (long long)r.steps, r.last_checkpoint);
+    if (MpiEnv::world_rank() == 0 && !status_file->empty()) write_status_file(*status_file, r.preempted ? "stopped" : "completed", (long long)r.steps, r.last_checkpoint,
+                        r.stop_signal);
     if (MpiEnv::world_rank() == 0) {
       std::printf("%s: %lld steps%s, final loss %.4f%s; run directory %s (metrics.jsonl, config.yaml)%s\n",
                   r.preempted ? "stopped by signal" : "done", (long long)r.steps,
@@ -129,6 +136,23 @@ Runner add_plot(CLI::App& cmd) {
 
 namespace mfsdp::cli {
 
+// "5GB", "200MB", "64KB", "1000" (bytes): decimal units, as transformers' max_shard_size.
+int64_t parse_byte_size(const std::string& text, const std::string& what) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  std::string unit = text.substr(i);
+  for (auto& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+  static const std::map<std::string, double> units = {{"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9},
+                                                      {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+  auto u = units.find(unit);
+  char* end = nullptr;
+  const std::string num = text.substr(0, i);
+  const double v = num.empty() ? 0 : std::strtod(num.c_str(), &end);
+  if (num.empty() || u == units.end() || v <= 0)
+    throw UserError(what + ": expected a size such as 5GB, 200MB or 1000000, got '" + text + "'");
+  return int64_t(v * u->second);
+}
+
 Runner add_export(CLI::App& cmd) {
   auto dir = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
@@ -136,8 +160,17 @@ Runner add_export(CLI::App& cmd) {
   auto model = std::make_shared<std::string>();
   cmd.add_option("--checkpoint", *dir, "A checkpoint step directory (for example ckpt/step_00001000)")->required();
   cmd.add_option("-o,--out", *out, "Output file")->required();
-  cmd.add_option("--format", *format, "safetensors (consolidated weights) or torchscript (the model with them)")
-      ->check(CLI::IsMember({"safetensors", "torchscript"}))
+  cmd.add_option("--format", *format,
+                 "safetensors (consolidated weights), torchscript (the model with them) or hf (a Hugging Face model "
+                 "directory: config.json + model.safetensors, for a model from scripts/export_hf.py)")
+      ->check(CLI::IsMember({"safetensors", "torchscript", "hf"}))
+      ->capture_default_str();
+  auto dtype = std::make_shared<std::string>();
+  cmd.add_option("--dtype", *dtype, "--format hf: float32, bfloat16 or float16 (default: the config's torch_dtype)");
+  auto shard = std::make_shared<std::string>("5GB");
+  cmd.add_option("--max-shard-size", *shard,
+                 "--format hf: the largest safetensors file (bytes, or with KB/MB/GB as transformers' save_pretrained); "
+                 "more weights are written as shards with model.safetensors.index.json")
       ->capture_default_str();
   cmd.add_option("--model", *model, "TorchScript model for --format torchscript (default: the one the run trained)");
   auto state = std::make_shared<std::string>("main");
@@ -145,8 +178,14 @@ Runner add_export(CLI::App& cmd) {
                  "What to write: main (the weights) or an optimizer state (exp_avg, exp_avg_sq, momentum_buffer), "
                  "under the parameters' names")
       ->capture_default_str();
-  return [dir, out, format, model, state]() {
-    export_checkpoint(*dir, *out, *format, *model, *state);
+  return [dir, out, format, model, state, dtype, shard]() {
+    if (*format == "hf") {
+      if (*state != "main") throw UserError("export --format hf writes the weights (--state main), not " + *state);
+      export_checkpoint_hf(*dir, *out, *model, *dtype, parse_byte_size(*shard, "export --max-shard-size"));
+    } else {
+      if (!dtype->empty()) throw UserError("export --dtype: only with --format hf");
+      export_checkpoint(*dir, *out, *format, *model, *state);
+    }
     std::printf("wrote %s (%s) from %s\n", out->c_str(), format->c_str(), dir->c_str());
     return 0;
   };

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <caffe2/serialize/inline_container.h>  // one extra file of a TorchScript zip, without loading the model
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
@@ -587,9 +588,9 @@ int inspect_checkpoint(const std::string& dir, bool verbose) {
   return problems;
 }
 
-void export_checkpoint(const std::string& given, const std::string& out, const std::string& format,
-                       const std::string& model_path, const std::string& state) {
-  // A step directory, or a checkpoint.dir: then the step its `latest` file names.
+namespace {
+// A step directory, or a checkpoint.dir: then the step its `latest` file names.
+std::string resolve_step_dir(const std::string& given) {
   std::string dir = given;
   if (!fs::exists(dir + "/index.json") && fs::exists(dir + "/latest")) {
     std::ifstream latest(dir + "/latest");
@@ -597,6 +598,14 @@ void export_checkpoint(const std::string& given, const std::string& out, const s
     std::getline(latest, step);
     dir += "/" + step;
   }
+  return dir;
+}
+
+}  // namespace
+
+void export_checkpoint(const std::string& given, const std::string& out, const std::string& format,
+                       const std::string& model_path, const std::string& state) {
+  const std::string dir = resolve_step_dir(given);
   json index = read_index(dir);
   if (state != "main") {
     const auto kinds = index["optimizer"]["state"].get<std::vector<std::string>>();
@@ -635,6 +644,134 @@ void export_checkpoint(const std::string& given, const std::string& out, const s
     if (std::rename(tmp.c_str(), out.c_str()) != 0) throw UserError(out + ": cannot write: " + std::strerror(errno));
   } else {
     throw UserError("export --format: expected safetensors or torchscript, got '" + format + "'");
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// `export --format hf`: a Hugging Face model directory (DESIGN.md section 13).
+
+namespace {
+
+// An extra file of a TorchScript archive (torch.jit.save's _extra_files), read from the zip alone.
+std::optional<std::string> torchscript_extra_file(const std::string& path, const std::string& name) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    const std::string record = "extra/" + name;
+    if (!reader.hasRecord(record)) return std::nullopt;
+    auto [data, size] = reader.getRecord(record);
+    return std::string(static_cast<const char*>(data.get()), size);
+  } catch (const c10::Error& e) {
+    throw UserError(path + ": not a TorchScript archive (" + e.what_without_backtrace() + ")");
+  }
+}
+
+at::ScalarType hf_dtype(const std::string& name, const std::string& what) {
+  if (name == "float32" || name == "fp32") return at::kFloat;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  if (name == "float16" || name == "fp16") return at::kHalf;
+  throw UserError(what + ": expected float32, bfloat16 or float16, got '" + name + "'");
+}
+
+const char* hf_dtype_name(at::ScalarType t) {
+  return t == at::kFloat ? "float32" : t == at::kBFloat16 ? "bfloat16" : "float16";
+}
+
+}  // namespace
+
+void export_checkpoint_hf(const std::string& given, const std::string& out, const std::string& model_path,
+                          const std::string& dtype_name, int64_t max_shard_bytes) {
+  const std::string dir = resolve_step_dir(given);
+  json index = read_index(dir);
+  const std::string path = model_path.empty() ? index["model"]["path"].get<std::string>() : model_path;
+  auto cfg_text = torchscript_extra_file(path, "mfsdp/hf_config.json");
+  if (!cfg_text)
+    throw UserError(path + ": holds no mfsdp/hf_config.json, so it is no Hugging Face model: export --format hf needs a "
+                    "model exported by scripts/export_hf.py (--model names another file)");
+  json hf;
+  try {
+    hf = json::parse(*cfg_text);
+  } catch (const json::exception& e) {
+    throw UserError(path + ": mfsdp/hf_config.json is not valid JSON: " + e.what());
+  }
+  const at::ScalarType dtype =
+      hf_dtype(!dtype_name.empty() ? dtype_name : hf.value("torch_dtype", std::string("float32")),
+               dtype_name.empty() ? path + ": mfsdp/hf_config.json torch_dtype" : "export --dtype");
+  if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
+    throw UserError(out + ": exists and is not an empty directory; export --format hf writes a new directory");
+  if (max_shard_bytes <= 0) throw UserError("export --max-shard-size: must be positive");
+
+  // What to write: every parameter under its name; a tied output head only as the embedding it is
+  // tied to (transformers ties them again when it loads), as save_pretrained writes it.
+  const bool tied = hf.value("tie_word_embeddings", false);
+  struct Entry {
+    std::string name, param;
+    std::vector<int64_t> shape;
+    int64_t bytes;
+  };
+  std::vector<Entry> entries;
+  int64_t total = 0;
+  for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
+    std::vector<std::string> names{it.key()};
+    for (const auto& a : it.value()["aliases"]) names.push_back(a.get<std::string>());
+    if (tied && names.size() > 1) {
+      std::vector<std::string> kept;
+      for (const auto& n : names)
+        if (n.size() < 14 || n.compare(n.size() - 14, 14, "lm_head.weight") != 0) kept.push_back(n);
+      if (!kept.empty()) names = {kept.front()};
+    }
+    auto shape = it.value()["shape"].get<std::vector<int64_t>>();
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    for (const auto& name : names) {
+      entries.push_back({name, it.key(), shape, n * int64_t(c10::elementSize(dtype))});
+      total += entries.back().bytes;
+    }
+  }
+  // Shards in parameter order, each at most max_shard_bytes (a larger tensor gets one of its own).
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t in_shard = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (in_shard > 0 && in_shard + entries[i].bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += entries[i].bytes;
+  }
+  const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    PieceReader reader(dir, index);
+    json weight_map = json::object();
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const std::string file = shards.size() == 1 ? "model.safetensors"
+                                                  : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+      std::vector<SafetensorsSpec> specs;
+      for (size_t i : shards[s]) {
+        specs.push_back({entries[i].name, dtype, entries[i].shape});
+        weight_map[entries[i].name] = file;
+      }
+      write_safetensors_streamed(tmp + "/" + file, specs,
+                                 [&](size_t k) {
+                                   const Entry& e = entries[shards[s][k]];
+                                   return read_full_param(reader, index, "main", e.param).view(e.shape);
+                                 },
+                                 {{"format", "pt"}});
+    }
+    if (shards.size() > 1)
+      write_text_atomically(tmp + "/model.safetensors.index.json",
+                            json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+    hf["torch_dtype"] = hf_dtype_name(dtype);
+    hf["dtype"] = hf_dtype_name(dtype);
+    hf["mfsdp"] = {{"checkpoint", fs::absolute(dir).string()}, {"step", index["trainer"]["step"]}};
+    write_text_atomically(tmp + "/config.json", hf.dump(2) + "\n");
+    if (fs::exists(out)) fs::remove(out);  // an empty directory
+    fs::rename(tmp, out);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
   }
 }
 

@@ -72,5 +72,12 @@ int inspect_checkpoint(const std::string& step_dir, bool verbose);
 // state kinds (exp_avg, exp_avg_sq, momentum_buffer) under the same names, safetensors only.
 void export_checkpoint(const std::string& step_dir, const std::string& out, const std::string& format,
                        const std::string& model_path, const std::string& state = "main");
+// `mfsdp export --format hf`: a Hugging Face model directory `out` (new, or empty): config.json
+// (the model file's mfsdp/hf_config.json, written by scripts/export_hf.py) and model.safetensors,
+// or shards of at most max_shard_bytes with model.safetensors.index.json, in `dtype` (float32,
+// bfloat16, float16; empty: the config's torch_dtype). Streams one parameter at a time; written
+// under a temporary name and renamed, so a failed export leaves nothing.
+void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& model_path,
+                          const std::string& dtype, int64_t max_shard_bytes);
 
 }  // namespace mfsdp

@@ -61,16 +61,24 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
 
 uint64_t write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                            const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsSpec> specs;
+  for (const auto& [name, t] : tensors) specs.push_back({name, t.scalar_type(), t.sizes().vec()});
+  return write_safetensors_streamed(path, specs, [&](size_t i) { return tensors[i].second; }, metadata);
+}
+
+uint64_t write_safetensors_streamed(const std::string& path, const std::vector<SafetensorsSpec>& specs,
+                                    const std::function<at::Tensor(size_t)>& produce,
+                                    const std::map<std::string, std::string>& metadata) {
+  // The header needs only names, dtypes and shapes, so it goes first and each tensor's bytes follow
+  // as `produce` makes them: one tensor in memory at a time.
   nlohmann::json header = nlohmann::json::object();
   size_t offset = 0;
-  std::vector<at::Tensor> data;
-  for (const auto& [name, t0] : tensors) {
-    at::Tensor t = t0.contiguous();
-    header[name] = {{"dtype", safetensors_dtype(t.scalar_type())},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
-    data.push_back(t);
+  for (const auto& sp : specs) {
+    int64_t n = 1;
+    for (int64_t d : sp.shape) n *= d;
+    const size_t bytes = size_t(n) * c10::elementSize(sp.dtype);
+    header[sp.name] = {{"dtype", safetensors_dtype(sp.dtype)}, {"shape", sp.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string h = header.dump();
@@ -85,7 +93,10 @@ uint64_t write_safetensors(const std::string& path, const std::vector<std::pair<
     sum = fnv1a64(&hlen, 8, sum);
     write_all(fd, h.data(), h.size(), tmp);
     sum = fnv1a64(h.data(), h.size(), sum);
-    for (const auto& t : data) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      at::Tensor t = produce(i).to(specs[i].dtype).contiguous();
+      if (t.sizes().vec() != specs[i].shape)
+        throw std::logic_error("write_safetensors_streamed: tensor " + specs[i].name + " does not have its promised shape");
       write_all(fd, t.data_ptr(), t.nbytes(), tmp);
       sum = fnv1a64(t.data_ptr(), t.nbytes(), sum);
     }

@@ -4,6 +4,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,6 +19,17 @@ class MappedFile;
 // FNV-1a 64 checksum of the bytes written.
 uint64_t write_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                            const std::map<std::string, std::string>& metadata = {});
+
+// The same from specs, each tensor made by produce(i) just before its bytes are written (converted
+// to the spec's dtype): a file larger than memory, one tensor held at a time.
+struct SafetensorsSpec {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+};
+uint64_t write_safetensors_streamed(const std::string& path, const std::vector<SafetensorsSpec>& specs,
+                                    const std::function<at::Tensor(size_t)>& produce,
+                                    const std::map<std::string, std::string>& metadata = {});
 
 class SafetensorsFile {
  public:

@@ -181,6 +181,15 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
         const int b = param_of("bias");
         if (b >= 0) assign(b, 0, style.parts);
       }
+    } else if (k == "replicated_with_grad_allreduce") {
+      // Hugging Face's name (Qwen3's q_norm/k_norm): replicated weights applied to this rank's part
+      // of the heads, so each rank's gradient is a partial sum: summed over TP, with or without SP.
+      for (const auto& p : nm.value.named_parameters(/*recurse=*/true)) {
+        const int pi = by_name.at(nm.name + "." + p.name);
+        if (a.split_dim[size_t(pi)] >= 0) continue;
+        a.grad_sum[size_t(pi)] = true;
+        if (a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = k;
+      }
     } else if (k == "sequence_parallel") {
       for (const auto& p : nm.value.named_parameters(/*recurse=*/true)) {
         const int pi = by_name.at(nm.name + "." + p.name);

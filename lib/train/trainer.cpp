@@ -127,6 +127,7 @@ class Trainer {
         log(fmt::format("received {} : stopped after step {}{}", strsignal(int(stop.item<int64_t>())), s,
                         ckpt_ ? "; resume with checkpoint.resume=auto" : " (no checkpoint.dir: nothing saved)"));
         result.preempted = true;
+        result.stop_signal = int(stop.item<int64_t>());
         break;
       }
     }

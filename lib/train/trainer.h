@@ -11,6 +11,7 @@ struct TrainResult {
   int64_t steps = 0;
   int64_t resumed_from = 0;        // step of the checkpoint the run started from (0: fresh)
   bool preempted = false;          // stopped by SIGTERM/SIGUSR1 after saving
+  int stop_signal = 0;             // which (the largest number any rank received: TERM over USR1)
   std::string last_checkpoint;
   double last_loss = 0;
   std::optional<double> last_val_loss;

@@ -303,6 +303,41 @@ def make_optimizer(cfg, named):
     raise ValueError(f"optimizer.name {o['name']}")
 
 
+def load_reference_model(path):
+    """The model PyTorch trains: the TorchScript file itself, or, for a file written by
+    scripts/export_hf.py (it holds mfsdp/hf_config.json), the transformers model built from that
+    config in Python with the file's initial weights: then the trace is judged too. Returns (module
+    whose forward(tokens, position_ids) gives logits, description)."""
+    extra = {"mfsdp/hf_config.json": "", "mfsdp/hf_export.json": ""}
+    jm = torch.jit.load(path, map_location="cpu", _extra_files=extra)
+    if not extra["mfsdp/hf_config.json"]:
+        return jm, "the TorchScript file"
+    import types
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    transformers.logging.set_verbosity_error()
+    keys = json.loads(extra["mfsdp/hf_config.json"])
+    info = json.loads(extra["mfsdp/hf_export.json"] or "{}")
+    family = keys.pop("model_type")
+    for k in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
+        keys.pop(k, None)
+    hf_cfg = AutoConfig.for_model(family, **keys)
+    hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=info.get("attention", "sdpa"), dtype=torch.float32)
+    src = dict(jm.named_parameters())
+    mine = dict(hf.named_parameters())
+    missing = sorted(set(mine) - set(src))
+    if missing:
+        raise ValueError(f"{path}: the transformers {type(hf).__name__} has parameters the file lacks: {missing[:5]}")
+    with torch.no_grad():
+        for n, p in mine.items():
+            p.copy_(src[n].to(p.dtype))
+    hf_forward = type(hf).forward
+    hf.forward = types.MethodType(
+        lambda self, tokens, position_ids: hf_forward(self, input_ids=tokens, position_ids=position_ids,
+                                                      use_cache=False).logits, hf)
+    return hf, f"transformers {transformers.__version__} {type(hf).__name__} (Python, not the trace)"
+
+
 def reference_run(cfg):
     """Returns per-step losses, grad norms and lrs, the gradients after step 1 and the final weights."""
     torch.manual_seed(int(cfg["training"]["seed"]))
@@ -310,7 +345,7 @@ def reference_run(cfg):
     t, d = cfg["training"], cfg["data"]
     G, mb, T, steps = int(t["global_batch_size"]), int(t["micro_batch_size"]), int(t["seq_length"]), int(t["max_steps"])
     bf16 = cfg["model"]["compute_dtype"] == "bf16"
-    model = torch.jit.load(cfg["model"]["path"], map_location="cpu")
+    model, what = load_reference_model(cfg["model"]["path"])
     model.train()
     named = unique_params(model)
     if bf16:  # fp32 main weights stepped by the optimizer; the model computes in bf16
@@ -324,7 +359,7 @@ def reference_run(cfg):
     eod = d.get("eod_token")
     per_token = bool(cfg["distributed"]["calculate_per_token_loss"])
     clip = float(t["clip_grad"])
-    out = {"loss": [], "grad_norm": [], "lr": [], "grads": None}
+    out = {"loss": [], "grad_norm": [], "lr": [], "grads": None, "what": what}
     pos = torch.arange(T).unsqueeze(0).expand(mb, T)
     for step in range(steps):
         raw = torch.from_numpy(np.stack([samples.get(step * G + j) for j in range(G)]))
@@ -463,7 +498,7 @@ def run(a):
         ok = worst <= rtol
         print(f"{rd}: {steps} steps against PyTorch: max relative loss difference {worst:.2e}"
               f"{f' at step {at}' if at else ''} ({'OK' if ok else 'FAILED'}, tolerance {rtol:g}); "
-              f"torch loss {ref['loss'][0]:.6f} -> {ref['loss'][-1]:.6f}")
+              f"torch loss {ref['loss'][0]:.6f} -> {ref['loss'][-1]:.6f} ({ref['what']})")
         verdicts.append(ok)
         for fname, what, tol, tensors in (("grads.safetensors", "gradient after step 1", a.grad_rtol, ref["grads"]),
                                           ("final.safetensors", f"weights after step {steps}", a.weight_rtol,

@@ -12,6 +12,16 @@ dir=$(mkdir -p "${2:?usage: cluster.sh start|stop DIR}" && cd "$2" && pwd)
 host=$(hostname -s)
 
 stop() {
+  # Jobs first: daemons stopped under running jobs leave their steps' tasks running, orphaned.
+  if [ -f "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+    local conf=$dir/slurm.conf jobs
+    jobs=$(SLURM_CONF=$conf squeue -h -o %i 2>/dev/null || true)
+    if [ -n "$jobs" ]; then
+      # shellcheck disable=SC2086
+      SLURM_CONF=$conf scancel $jobs 2>/dev/null || true
+      for _ in $(seq 60); do [ -z "$(SLURM_CONF=$conf squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.5; done
+    fi
+  fi
   for name in slurmd slurmctld munged; do
     [ -f "$dir/$name.pid" ] || continue
     pid=$(cat "$dir/$name.pid")
@@ -23,6 +33,15 @@ stop() {
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$pid" 2>/dev/null || true
     rm -f "$dir/$name.pid"
+  done
+  # Whatever still runs with this cluster's configuration (a job's task that outlived its step).
+  for env in /proc/[0-9]*/environ; do
+    p=${env#/proc/}
+    p=${p%/environ}
+    [ "$p" = $$ ] || [ "$p" = "$PPID" ] && continue
+    if tr '\0' '\n' < "$env" 2>/dev/null | grep -qx "SLURM_CONF=$dir/slurm.conf"; then
+      kill -KILL "$p" 2>/dev/null || true
+    fi
   done
 }
 

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Export a Hugging Face transformers causal LM, unchanged, as a TorchScript file that mfsdp trains.
+
+Run with the project's python (.venv, made by scripts/setup.sh, which installs transformers):
+    # a local model directory (config.json, and model.safetensors or its sharded index): its weights
+    .venv/bin/python scripts/export_hf.py --model-dir ~/models/Qwen2.5-0.5B --out qwen.pt
+    # the same architecture, random initialisation (the directory's weights are not read)
+    .venv/bin/python scripts/export_hf.py --model-dir ~/models/Qwen2.5-0.5B --random-init --out qwen.pt
+    # a small config given on the command line: a model type and config keys
+    .venv/bin/python scripts/export_hf.py --family llama --set hidden_size=256 num_hidden_layers=4 \\
+        num_attention_heads=4 num_key_value_heads=2 intermediate_size=688 vocab_size=32000 --out llama.pt
+Nothing is downloaded: a model directory must be on disk (transformers runs with local_files_only).
+
+What the file holds:
+  - the transformers model itself (its own classes and parameter names, model.layers.N.self_attn...),
+    traced with torch.jit.trace; its forward is the model contract (README "Model contract"):
+    forward(tokens int64 [B, T], position_ids int64 [B, T]) -> logits [B, T, V], calling the HF
+    model's own forward (use_cache off) and returning its logits, so softcapping, embedding scales
+    and tied heads are the family's own code;
+  - mfsdp/hf_config.json: the config.json the model was built from (as used: dropouts set to 0,
+    special token ids outside the vocabulary cleared), for `mfsdp export --format hf` and the
+    PyTorch oracle (tests/oracle/reference_trainer.py trains the HF model from it);
+  - mfsdp/tp_plan.json: the tensor-parallel plan derived from the config's base_model_tp_plan (its
+    module globs under the base model's prefix; colwise, rowwise and replicated_with_grad_allreduce
+    kept), plus a vocab-parallel embedding and a colwise output head; styles mfsdp cannot apply
+    (colwise_gather_output, rowwise_split_input, ...) drop the plan, with a note;
+  - mfsdp/hf_export.json: the family, the class, the transformers and torch versions.
+The trace is checked: the traced model and the HF model give the same logits on a batch of another
+shape than the one traced (a shape baked into the trace fails the export).
+
+Dropout: a trace fixes the train/eval mode of dropout, so every dropout probability in the config is
+set to 0 (printed); the oracle and `export --format hf` see the same zeros.
+"""
+import argparse
+import json
+import os
+import sys
+import types
+import warnings
+
+
+def parse_value(text):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    if text[:1] in "[{":
+        return json.loads(text)
+    return text
+
+
+# HF styles mfsdp applies as they are, and the ones it does not (the plan is then left out).
+KEPT_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "replicated_with_grad_allreduce"}
+
+
+def derive_tp_plan(model):
+    """mfsdp's plan from the config's base_model_tp_plan; (plan or None, note)."""
+    base_plan = getattr(model.config, "base_model_tp_plan", None) or {}
+    if not base_plan:
+        return None, f"{type(model.config).__name__} has no base_model_tp_plan: no tensor-parallel plan stored"
+    prefix = model.base_model_prefix
+    plan = {}
+    for key, style in base_plan.items():
+        if style not in KEPT_STYLES:
+            return None, (f"base_model_tp_plan entry {key}: {style} is not a style mfsdp applies (it keeps "
+                          f"{', '.join(KEPT_STYLES)}): no tensor-parallel plan stored; give distributed.tp_plan")
+        plan[f"{prefix}.{key}"] = KEPT_STYLES[style]
+    base = getattr(model, prefix)
+    emb = base.get_input_embeddings()
+    emb_name = next(n for n, m in model.named_modules() if m is emb)
+    plan[emb_name] = "vocab_parallel"
+    head = model.get_output_embeddings()
+    if head is not None and isinstance(head, __import__("torch").nn.Linear) and head.bias is None:
+        head_name = next(n for n, m in model.named_modules() if m is head)
+        plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
+    return plan, f"tensor-parallel plan from {type(model.config).__name__}.base_model_tp_plan ({len(plan)} entries)"
+
+
+def build_config(args):
+    """The config from --model-dir's config.json and --set, built in one go: derived defaults (head_dim
+    from hidden_size / heads, ...) follow the given keys, as when transformers reads a config.json."""
+    from transformers import AutoConfig, CONFIG_MAPPING
+
+    keys = {}
+    if args.model_dir:
+        path = os.path.join(args.model_dir, "config.json")
+        try:
+            with open(path) as f:
+                keys = json.load(f)
+        except OSError as e:
+            sys.exit(f"export_hf: --model-dir {args.model_dir}: cannot read config.json ({e.strerror})")
+        except ValueError as e:
+            sys.exit(f"export_hf: {path}: not valid JSON ({e})")
+    family = args.family or keys.get("model_type")
+    if not family:
+        sys.exit("export_hf: give --model-dir DIR (its config.json names the model_type) or --family MODEL_TYPE")
+    if family not in CONFIG_MAPPING:
+        sys.exit(f"export_hf: model type '{family}' is not one transformers {__import__('transformers').__version__} "
+                 f"knows (e.g. llama, qwen2, qwen3, mistral, gpt2, gemma, phi3)")
+    known = CONFIG_MAPPING[family]().to_dict()
+    for item in args.set or []:
+        if "=" not in item:
+            sys.exit(f"export_hf: --set {item}: expected key=value")
+        k, v = item.split("=", 1)
+        if k not in known and k not in keys and not args.allow_new_keys:
+            sys.exit(f"export_hf: --set {k}: {CONFIG_MAPPING[family].__name__} has no key {k} (--allow-new-keys to add one)")
+        keys[k] = parse_value(v)
+    keys.pop("model_type", None)
+    for k in ("transformers_version", "architectures", "_name_or_path"):
+        keys.pop(k, None)
+    cfg = AutoConfig.for_model(family, **keys)
+    notes = []
+    for k in sorted(cfg.to_dict()):
+        v = getattr(cfg, k, None)
+        if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, (int, float)) and not isinstance(v, bool) and v:
+            setattr(cfg, k, 0.0)
+            notes.append(f"{k} {v} -> 0")
+    vocab = getattr(cfg, "vocab_size", None)
+    for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        v = getattr(cfg, k, None)
+        if vocab and isinstance(v, int) and not 0 <= v < vocab:
+            setattr(cfg, k, None)
+            notes.append(f"{k} {v} outside the vocabulary ({vocab}) -> None")
+    cfg.use_cache = False
+    return cfg, notes
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", help="a local HF model directory (config.json; weights unless --random-init)")
+    ap.add_argument("--family", help="a transformers model_type (llama, qwen2, qwen3, mistral, gpt2, gemma, ...)")
+    ap.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="config keys (over --model-dir's config.json)")
+    ap.add_argument("--allow-new-keys", action="store_true", help="--set may add keys the config class lacks")
+    ap.add_argument("--random-init", action="store_true", help="with --model-dir: the family's initialisation")
+    ap.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
+                    help="attention implementation (HF's attn_implementation; default sdpa)")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the weights in the file")
+    ap.add_argument("--tp-plan", choices=["auto", "none"], default="auto",
+                    help="auto: derived from the config's base_model_tp_plan; none: store no plan")
+    ap.add_argument("--trace-len", type=int, default=16, help="sequence length of the tracing batch")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--state-dict", help="also torch.save the initial state_dict here")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(args.seed)
+    cfg, notes = build_config(args)
+    for n in notes:
+        print(f"export_hf: {n}", file=sys.stderr)
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    if args.model_dir and not args.random_init:
+        has_weights = any(os.path.exists(os.path.join(args.model_dir, f)) for f in
+                          ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                           "pytorch_model.bin.index.json"))
+        if not has_weights:
+            sys.exit(f"export_hf: {args.model_dir}: no weights (model.safetensors or its index); --random-init to "
+                     "export the architecture alone")
+        model = AutoModelForCausalLM.from_pretrained(args.model_dir, config=cfg, local_files_only=True, dtype=torch.float32,
+                                                     attn_implementation=args.attention)
+    else:
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=args.attention, dtype=torch.float32)
+    model = model.eval()
+    if dtype != torch.float32:
+        model = model.to(dtype)
+
+    # The contract's forward on the HF instance itself, so that parameter names stay HF's.
+    hf_forward = type(model).forward
+
+    def contract_forward(self, tokens, position_ids):
+        return hf_forward(self, input_ids=tokens, position_ids=position_ids, use_cache=False).logits
+
+    model.forward = types.MethodType(contract_forward, model)
+    V = cfg.vocab_size
+    g = torch.Generator().manual_seed(args.seed)
+    T = args.trace_len
+    tokens = torch.randint(0, V, (2, T), generator=g)
+    pos = torch.arange(T).unsqueeze(0).expand(2, T).contiguous()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (tokens, pos), check_trace=False)
+        # Another batch size and length than traced: a size the trace baked in shows here.
+        T2 = T + 8
+        t2 = torch.randint(0, V, (3, T2), generator=g)
+        p2 = torch.arange(T2).unsqueeze(0).expand(3, T2).contiguous()
+        want, got = model(t2, p2), traced(t2, p2)
+    if want.shape != got.shape or not torch.allclose(want.float(), got.float(), rtol=1e-4, atol=1e-5):
+        diff = (want.float() - got.float()).abs().max().item() if want.shape == got.shape else "shapes differ"
+        sys.exit(f"export_hf: the trace of {type(model).__name__} does not generalise to another batch shape "
+                 f"(max difference {diff}): this family computes with a traced constant; export it by hand "
+                 "(README \"Model contract\")")
+
+    plan, note = (None, "no tensor-parallel plan (--tp-plan none)") if args.tp_plan == "none" else derive_tp_plan(model)
+    print(f"export_hf: {note}", file=sys.stderr)
+    hf_config = cfg.to_dict()
+    hf_config["architectures"] = [type(model).__name__]
+    hf_config["torch_dtype"] = "float32" if dtype == torch.float32 else "bfloat16"
+    extra = {
+        "mfsdp/hf_config.json": json.dumps(hf_config, indent=1, sort_keys=True, default=str),
+        "mfsdp/hf_export.json": json.dumps({
+            "family": cfg.model_type, "class": type(model).__name__, "attention": args.attention,
+            "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
+            "source": os.path.abspath(args.model_dir) if args.model_dir else None,
+            "weights": "random" if (args.random_init or not args.model_dir) else "model directory"}, indent=1),
+    }
+    if plan:
+        extra["mfsdp/tp_plan.json"] = json.dumps(plan, indent=1)
+    tmp = args.out + ".tmp"
+    traced.save(tmp, _extra_files=extra)
+    os.replace(tmp, args.out)
+    if args.state_dict:
+        torch.save(model.state_dict(), args.state_dict)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"wrote {args.out}: {type(model).__name__} ({cfg.model_type}), {n} parameters, traced, "
+          f"{'tp plan stored' if plan else 'no tp plan'}")
+
+
+if __name__ == "__main__":
+    main()

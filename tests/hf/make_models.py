@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""The Hugging Face fixture models (tests/hf/hf_tests.cmake): small configs of seven transformers
+families, exported with scripts/export_hf.py (its main, in one process) as a user would:
+
+    make_models.py SRC OUT      -> OUT/FAMILY.pt, OUT/FAMILY.log
+
+Llama with grouped-query attention; Mistral; Qwen2 (q/k/v biases, tied head); Qwen3 (q/k norms,
+an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
+GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
+gate_up: its plan's colwise_gather_output is not a style mfsdp keeps, so no plan is stored).
+"""
+import contextlib
+import io
+import os
+import sys
+
+COMMON = ["vocab_size=264", "hidden_size=64", "intermediate_size=128", "num_hidden_layers=2", "num_attention_heads=4"]
+MODELS = {
+    "llama": ["--family", "llama", "--set", *COMMON, "num_key_value_heads=2"],
+    "mistral": ["--family", "mistral", "--set", *COMMON, "num_key_value_heads=2"],
+    "qwen2": ["--family", "qwen2", "--set", *COMMON, "num_key_value_heads=2", "tie_word_embeddings=true"],
+    "qwen3": ["--family", "qwen3", "--set", *COMMON, "num_key_value_heads=2", "head_dim=8"],
+    "gemma": ["--family", "gemma", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],
+    "gpt2": ["--family", "gpt2", "--set", "vocab_size=264", "n_embd=64", "n_layer=2", "n_head=4", "n_positions=128"],
+    "phi3": ["--family", "phi3", "--set", *COMMON, "num_key_value_heads=4", "pad_token_id=0"],
+}
+
+
+def main():
+    src, out = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, os.path.join(src, "scripts"))
+    import export_hf
+    os.makedirs(out, exist_ok=True)
+    for name, args in MODELS.items():
+        log = io.StringIO()
+        with contextlib.redirect_stderr(log):
+            try:
+                export_hf.main(args + ["--out", os.path.join(out, f"{name}.pt")])
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    sys.stderr.write(log.getvalue())
+                    sys.exit(f"make_models: {name}: export_hf failed: {e.code}")
+        with open(os.path.join(out, f"{name}.log"), "w") as f:
+            f.write(log.getvalue())
+        print("".join(l + "\n" for l in log.getvalue().splitlines() if l.startswith("export_hf")), end="")
+
+
+if __name__ == "__main__":
+    main()
