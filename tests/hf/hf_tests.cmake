@@ -68,3 +68,31 @@ add_test(NAME hf_export_dir_without_weights
          COMMAND ${EXPECT} 1 "no weights \\(model.safetensors or its index\\); --random-init" --
                  ${MFSDP_PYTHON} ${PROJECT_SOURCE_DIR}/scripts/export_hf.py --model-dir ${CMAKE_CURRENT_SOURCE_DIR}/hf/config_only
                  --out ${FX}/hf_bad.pt)
+
+# export --format hf: checkpoints of TP x FSDP runs (pieces on every rank) written as Hugging Face
+# directories that transformers loads with mfsdp's logits (tests/hf/check_hf_export.py): sharded
+# with an index (gemma, tied head, tp 2 x dp_shard 2), one file (qwen2, tied, biases), bf16.
+mfsdp_hf_run(hf_gemma_ckpt_tp2_s3_n4 4 gemma distributed.tp_size=2 distributed.zero_dp_strategy=3 training.max_steps=5
+             checkpoint.dir=${FX}/hf_gemma_ckpt_tp2_s3_n4/ckpt checkpoint.save_final=true checkpoint.resume=none)
+mfsdp_hf_run(hf_qwen2_ckpt_s1_n2 2 qwen2 distributed.zero_dp_strategy=1 training.max_steps=5
+             checkpoint.dir=${FX}/hf_qwen2_ckpt_s1_n2/ckpt checkpoint.save_final=true checkpoint.resume=none)
+set(HF_CHECK ${CMAKE_CURRENT_SOURCE_DIR}/hf/check_hf_export.py)
+add_test(NAME hf_export_sharded
+         COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_gemma_ckpt_tp2_s3_n4/ckpt
+                 --work ${FX}/hf_export_sharded --max-shard-size 100KB --expect-shards 5)
+set_tests_properties(hf_export_sharded PROPERTIES FIXTURES_REQUIRED runs_hf_gemma_ckpt_tp2_s3_n4 TIMEOUT 300)
+add_test(NAME hf_export_one_file
+         COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_qwen2_ckpt_s1_n2/ckpt
+                 --work ${FX}/hf_export_one_file)
+add_test(NAME hf_export_bf16
+         COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_qwen2_ckpt_s1_n2/ckpt
+                 --work ${FX}/hf_export_bf16 --dtype bfloat16)
+set_tests_properties(hf_export_one_file hf_export_bf16 PROPERTIES FIXTURES_REQUIRED runs_hf_qwen2_ckpt_s1_n2 TIMEOUT 300)
+add_test(NAME hf_export_needs_hf_model
+         COMMAND ${EXPECT} 2 "holds no mfsdp/hf_config.json, so it is no Hugging Face model" --
+                 ${MFSDP_BIN} export --checkpoint ${FX}/grad_np1/ckpt --format hf --out ${FX}/hf_export_not_hf)
+set_tests_properties(hf_export_needs_hf_model PROPERTIES FIXTURES_REQUIRED runs_grad_np1)
+add_test(NAME hf_export_refuses_full_dir
+         COMMAND ${EXPECT} 2 "exists and is not an empty directory" --
+                 ${MFSDP_BIN} export --checkpoint ${FX}/hf_qwen2_ckpt_s1_n2/ckpt --format hf --out ${CMAKE_CURRENT_SOURCE_DIR}/hf)
+set_tests_properties(hf_export_refuses_full_dir PROPERTIES FIXTURES_REQUIRED runs_hf_qwen2_ckpt_s1_n2)

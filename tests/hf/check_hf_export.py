@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""`mfsdp export --format hf` loads in transformers with mfsdp's logits (tests/hf/hf_tests.cmake).
+
+    check_hf_export.py --mfsdp BIN --checkpoint CKPT_DIR --work DIR [--max-shard-size S] [--expect-shards N]
+
+Exports the checkpoint twice: as a Hugging Face directory (--format hf) and as the trained
+TorchScript model (--format torchscript, the weights in mfsdp's own model). Then
+AutoModelForCausalLM.from_pretrained(DIR) (local files only) must load with no missing, unexpected
+or mismatched keys, and its logits on a batch must equal the TorchScript model's within 1e-5
+relative (max |a-b| / max |b|). With --expect-shards N the directory must hold N safetensors shards
+and a model.safetensors.index.json naming every tensor. Exit 1 on any failed check.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mfsdp", required=True)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--max-shard-size")
+    ap.add_argument("--expect-shards", type=int, default=1)
+    ap.add_argument("--dtype")
+    a = ap.parse_args()
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    out, ts = os.path.join(a.work, "hf"), os.path.join(a.work, "trained.pt")
+    cmd = [a.mfsdp, "export", "--checkpoint", a.checkpoint, "--format", "hf", "--out", out]
+    if a.max_shard_size:
+        cmd += ["--max-shard-size", a.max_shard_size]
+    if a.dtype:
+        cmd += ["--dtype", a.dtype]
+    for c in (cmd, [a.mfsdp, "export", "--checkpoint", a.checkpoint, "--format", "torchscript", "--out", ts]):
+        p = subprocess.run(c, capture_output=True, text=True)
+        print(p.stdout.strip())
+        if p.returncode != 0:
+            sys.exit(f"FAIL: {' '.join(c)}: exit {p.returncode}\n{p.stderr}")
+    failures = []
+
+    def check(what, ok, detail=""):
+        print(f"{'ok  ' if ok else 'FAIL'} {what}{': ' + detail if detail else ''}")
+        if not ok:
+            failures.append(what)
+
+    shards = sorted(glob.glob(os.path.join(out, "*.safetensors")))
+    check(f"{len(shards)} safetensors file(s), {a.expect_shards} expected", len(shards) == a.expect_shards,
+          ", ".join(os.path.basename(s) for s in shards))
+    if a.expect_shards > 1:
+        idx = json.load(open(os.path.join(out, "model.safetensors.index.json")))
+        from safetensors import safe_open
+        names = set()
+        for s in shards:
+            with safe_open(s, "pt") as f:
+                names |= set(f.keys())
+        check("the index names every tensor of the shards, each in its file",
+              set(idx["weight_map"]) == names and set(idx["weight_map"].values()) == {os.path.basename(s) for s in shards})
+
+    import transformers
+    from transformers import AutoModelForCausalLM
+    transformers.logging.set_verbosity_error()
+    model, info = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, output_loading_info=True,
+                                                       dtype=torch.float32)
+    bad = {k: v for k, v in info.items() if v and k != "error_msgs"} | ({"error_msgs": info["error_msgs"]} if info.get("error_msgs") else {})
+    check("from_pretrained loads it: no missing, unexpected or mismatched keys", not bad, str(bad)[:500])
+    model.eval()
+    mine = torch.jit.load(ts, map_location="cpu").eval()
+    V = model.config.vocab_size
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, V, (2, 24), generator=g)
+    pos = torch.arange(24).unsqueeze(0).expand(2, 24).contiguous()
+    with torch.no_grad():
+        want = mine(tokens, pos).float()
+        got = model(input_ids=tokens, position_ids=pos, use_cache=False).logits.float()
+    rel = float((got - want).abs().max() / want.abs().max())
+    tol = 1e-5 if not a.dtype or a.dtype in ("float32", "fp32") else 2e-2
+    check(f"logits of the exported directory equal mfsdp's trained model's (max relative {rel:.2e}, tolerance {tol:g})",
+          rel <= tol)
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    check("config.json records the checkpoint and step", "mfsdp" in cfg and "step" in cfg["mfsdp"], str(cfg.get("mfsdp")))
+    print("FAILED: " + "; ".join(failures) if failures else "all checks passed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
