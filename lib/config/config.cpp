@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <regex>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -89,6 +90,27 @@ std::string init_rules_check(const std::vector<std::string>& rules) {
   }
   return "";
 }
+
+std::string rename_rules_check(const std::vector<std::string>& rules) {
+  for (const auto& r : rules) {
+    auto eq = r.find('=');
+    std::string why;
+    if (eq == std::string::npos || eq == 0) {
+      why = "no '='";
+    } else {
+      try {
+        std::regex re(r.substr(0, eq));
+      } catch (const std::regex_error& e) {
+        why = std::string("the pattern is no regular expression: ") + e.what();
+      }
+    }
+    if (!why.empty())
+      return "rules \"REGEX=REPLACEMENT\" such as \"^transformer\\.=model.\" or \"\\.rotary_emb\\.inv_freq$=\" (drops) "
+             "(bad: '" + r + "': " + why + ")";
+  }
+  return "";
+}
+
 
 Check<std::string> non_empty() {
   return [](const std::string& v) { return v.empty() ? std::string("a non-empty string") : std::string(); };

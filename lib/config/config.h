@@ -94,6 +94,11 @@ struct ModelConfig {
   // Used by distributed.init_fsdp_with_meta_device (the file's weights are not loaded):
   double init_std = 0.02;               // weights ~ N(0, init_std); biases 0; other 1-D (norms) 1
   std::vector<std::string> init_rules;  // "glob=zeros|ones|normal:STD|uniform:A", first match wins
+  // Initial weights from safetensors (a file, or a Hugging Face directory: model.safetensors or its
+  // model.safetensors.index.json), every parameter by name; init_from_rename: "REGEX=REPLACEMENT"
+  // rules applied in order to the file's names (an empty result drops the tensor).
+  std::string init_from;
+  std::vector<std::string> init_from_rename;
 };
 
 struct DataConfig {

@@ -28,6 +28,7 @@ Check<std::string> one_of(std::vector<std::string> choices);
 Check<std::string> non_empty();
 // "glob=zeros", "glob=ones", "glob=normal:0.01", "glob=uniform:0.1"
 std::string init_rules_check(const std::vector<std::string>& rules);
+std::string rename_rules_check(const std::vector<std::string>& rules);
 
 // Marker types for fields whose YAML spelling is not their C++ type.
 struct IntOrAuto {
@@ -46,6 +47,8 @@ void describe(Config& c, V& v) {
     v.field("compute_dtype", c.model.compute_dtype, one_of({"fp32", "bf16"}));
     v.field("init_std", c.model.init_std, at_least(0.0));
     v.field("init_rules", c.model.init_rules, Check<std::vector<std::string>>(init_rules_check));
+    v.field("init_from", c.model.init_from);
+    v.field("init_from_rename", c.model.init_from_rename, Check<std::vector<std::string>>(rename_rules_check));
   });
   v.section("distributed", [&] {
     auto& d = c.distributed;

@@ -26,6 +26,7 @@
 #include <fstream>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/init_from.h"
 #include "comm/communicator.h"
 #include "comm/flight_recorder.h"
 #include "comm/mpi_env.h"
@@ -266,6 +267,12 @@ class Trainer {
         start_step_ = st.step;
         log(fmt::format("resumed from {} at step {} ({} samples consumed)", *dir, st.step, st.consumed_samples));
       }
+    }
+    if (!cfg_.model.init_from.empty()) {
+      if (start_step_ > 0)
+        log("model.init_from " + cfg_.model.init_from + " not read: the run resumed from a checkpoint");
+      else
+        log(init_weights_from(cfg_, *pg_, *model_, *engine_));
     }
     if (!cfg_.checkpoint.dir) ckpt_.reset();  // resumed from a path, saving nowhere
     if (rank0_) {

@@ -96,3 +96,30 @@ add_test(NAME hf_export_refuses_full_dir
          COMMAND ${EXPECT} 2 "exists and is not an empty directory" --
                  ${MFSDP_BIN} export --checkpoint ${FX}/hf_qwen2_ckpt_s1_n2/ckpt --format hf --out ${CMAKE_CURRENT_SOURCE_DIR}/hf)
 set_tests_properties(hf_export_refuses_full_dir PROPERTIES FIXTURES_REQUIRED runs_hf_qwen2_ckpt_s1_n2)
+
+# model.init_from: a save_pretrained directory (bf16 shards + index) into the HF Llama at tp 2 x
+# dp_shard 2 (each rank reads its slices), and a renamed safetensors file into the project's own
+# Llama on the meta device (the full model never built); both against PyTorch with those weights.
+add_test(NAME hf_init_weights COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_init_weights.py ${HFX} ${FX})
+set_tests_properties(hf_init_weights PROPERTIES FIXTURES_REQUIRED "train;hf_models" FIXTURES_SETUP hf_init_weights TIMEOUT 300)
+mfsdp_hf_run(hf_llama_init_tp2_s3_n4 4 llama distributed.tp_size=2 distributed.zero_dp_strategy=3
+             model.init_from=${HFX}/llama_pretrained)
+mfsdp_train_run(llama_init_meta_s3_n2 2 model.path=${FX}/llama.pt distributed.zero_dp_strategy=3
+                distributed.init_fsdp_with_meta_device=true model.init_from=${FX}/llama_renamed.safetensors
+                "model.init_from_rename=[\"^backbone\\\\.rotary\\\\.inv_freq$=\", \"^backbone\\\\.=\"]")
+set_tests_properties(run_hf_llama_init_tp2_s3_n4 run_llama_init_meta_s3_n2 PROPERTIES
+                     FIXTURES_REQUIRED "train;hf_models;hf_init_weights")
+mfsdp_oracle(init_from RUNS hf_llama_init_tp2_s3_n4 llama_init_meta_s3_n2)
+add_test(NAME init_from_names_do_not_fit
+         COMMAND ${EXPECT} 2 "model.init_from does not fit .*missing \\(in the model, not in the files\\): embed_tokens.weight.*unexpected \\(in the files, not in the model\\): backbone" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/llama.pt run_dir=${FX}/init_bad
+                 model.init_from=${FX}/llama_renamed.safetensors)
+add_test(NAME init_from_no_weights_in_dir
+         COMMAND ${EXPECT} 2 "model.init_from: the directory holds neither model.safetensors nor model.safetensors.index.json" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/llama.pt run_dir=${FX}/init_bad2
+                 model.init_from=${CMAKE_CURRENT_SOURCE_DIR}/hf/config_only)
+set_tests_properties(init_from_names_do_not_fit init_from_no_weights_in_dir PROPERTIES
+                     FIXTURES_REQUIRED "train;hf_init_weights" PROCESSORS 2 TIMEOUT 120)
+add_test(NAME init_from_bad_rename
+         COMMAND ${EXPECT} 2 "model.init_from_rename: expected rules \"REGEX=REPLACEMENT\"" --
+                 ${MFSDP_BIN} validate "model.init_from_rename=[\"(unclosed=x\"]")

@@ -249,7 +249,7 @@ def megatron_lr(cfg, n):
 # --------------------------------------------------------------------------- the reference run
 # Settings that change what is computed (anything else is layout: mesh, strategy, overlap, ...).
 RELEVANT = {
-    "model": ["path", "compute_dtype"],
+    "model": ["path", "compute_dtype", "init_from", "init_from_rename"],
     "distributed": ["calculate_per_token_loss"],
     "data": None, "training": ["max_steps", "global_batch_size", "micro_batch_size", "seq_length", "seed", "clip_grad"],
     "optimizer": None, "lr_scheduler": None,
@@ -257,7 +257,7 @@ RELEVANT = {
 
 
 def relevant(cfg):
-    return json.dumps({k: (cfg[k] if keys is None else {x: cfg[k][x] for x in keys}) for k, keys in RELEVANT.items()},
+    return json.dumps({k: (cfg[k] if keys is None else {x: cfg[k].get(x) for x in keys}) for k, keys in RELEVANT.items()},
                       sort_keys=True, default=str)
 
 
@@ -272,7 +272,7 @@ def numbers(cfg):
 def unsupported(cfg):
     """Settings whose computation the reference does not reproduce, with the reason."""
     d = cfg["distributed"]
-    if d["init_fsdp_with_meta_device"]:
+    if d["init_fsdp_with_meta_device"] and not cfg["model"].get("init_from"):
         return "init_fsdp_with_meta_device (the initial weights are mfsdp's rules, not the file's)"
     if cfg["model"]["compute_dtype"] == "bf16" and not d["preserve_fp32_weights"]:
         return "bf16 compute without preserve_fp32_weights (the optimizer then updates bf16 weights)"
@@ -338,6 +338,31 @@ def load_reference_model(path):
     return hf, f"transformers {transformers.__version__} {type(hf).__name__} (Python, not the trace)"
 
 
+def load_init_from(cfg, model):
+    """model.init_from: the weights of safetensors files (a file or an HF directory, its index), by
+    name after model.init_from_rename (Python's re; the rules are plain enough to mean the same)."""
+    import re
+    from safetensors.torch import load_file
+    src = cfg["model"]["init_from"]
+    if os.path.isdir(src):
+        idx = os.path.join(src, "model.safetensors.index.json")
+        files = sorted({os.path.join(src, f) for f in json.load(open(idx))["weight_map"].values()}) \
+            if os.path.exists(idx) else [os.path.join(src, "model.safetensors")]
+    else:
+        files = [src]
+    tensors = {}
+    for f in files:
+        for name, t in load_file(f).items():
+            for rule in cfg["model"].get("init_from_rename") or []:
+                pat, to = rule.split("=", 1)
+                name = re.sub(pat, to.replace("$", "\\"), name)
+            if name:
+                tensors[name] = t
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(tensors[name].to(p.dtype))
+
+
 def reference_run(cfg):
     """Returns per-step losses, grad norms and lrs, the gradients after step 1 and the final weights."""
     torch.manual_seed(int(cfg["training"]["seed"]))
@@ -346,6 +371,9 @@ def reference_run(cfg):
     G, mb, T, steps = int(t["global_batch_size"]), int(t["micro_batch_size"]), int(t["seq_length"]), int(t["max_steps"])
     bf16 = cfg["model"]["compute_dtype"] == "bf16"
     model, what = load_reference_model(cfg["model"]["path"])
+    if cfg["model"].get("init_from"):
+        load_init_from(cfg, model)
+        what += ", initial weights from model.init_from"
     model.train()
     named = unique_params(model)
     if bf16:  # fp32 main weights stepped by the optimizer; the model computes in bf16

@@ -1,0 +1,162 @@
+// model.init_from (init_from.h; DESIGN.md section 13).
+#include "checkpoint/init_from.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "checkpoint/safetensors.h"
+#include "comm/communicator.h"
+#include "config/config.h"
+#include "fsdp/engine.h"
+#include "mesh/process_groups.h"
+#include "model/model.h"
+#include "util/error.h"
+
+namespace mfsdp {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The safetensors files of `path` (a file; a directory's model.safetensors; or the shards its
+// model.safetensors.index.json names).
+std::vector<std::string> weight_files(const std::string& path) {
+  if (!fs::exists(path)) throw UserError(path + ": model.init_from: no such file or directory");
+  if (!fs::is_directory(path)) return {path};
+  const std::string index = path + "/model.safetensors.index.json";
+  if (fs::exists(index)) {
+    nlohmann::json j;
+    try {
+      std::ifstream f(index);
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      throw UserError(index + ": not valid JSON: " + e.what());
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      throw UserError(index + ": expected {\"weight_map\": {tensor: file, ...}}");
+    std::set<std::string> files;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) throw UserError(index + ": weight_map[" + it.key() + "] is not a file name");
+      files.insert(path + "/" + it.value().get<std::string>());
+    }
+    return {files.begin(), files.end()};
+  }
+  if (fs::exists(path + "/model.safetensors")) return {path + "/model.safetensors"};
+  throw UserError(path + ": model.init_from: the directory holds neither model.safetensors nor "
+                  "model.safetensors.index.json (pytorch_model.bin is not read: convert it to safetensors)");
+}
+
+std::string list(const std::vector<std::string>& v, size_t most = 12) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < most; ++i) s += (i ? ", " : "") + v[i];
+  if (v.size() > most) s += fmt::format(", ... ({} in all)", v.size());
+  return s;
+}
+
+}  // namespace
+
+std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model, ParallelEngine& engine) {
+  Communicator& world = pg.get(MeshGroup::kWorld);
+  const std::string& src = cfg.model.init_from;
+  std::string error, summary;
+  try {
+    std::vector<std::pair<std::regex, std::string>> rules;
+    for (const auto& r : cfg.model.init_from_rename) {
+      auto eq = r.find('=');
+      rules.emplace_back(std::regex(r.substr(0, eq)), r.substr(eq + 1));
+    }
+    // Every tensor of the files under its renamed name.
+    std::vector<std::unique_ptr<SafetensorsFile>> files;
+    struct Source {
+      const SafetensorsFile* file;
+      std::string name;
+    };
+    std::map<std::string, Source> by_name;
+    std::map<std::string, std::string> dtypes;
+    for (const auto& path : weight_files(src)) {
+      files.push_back(std::make_unique<SafetensorsFile>(path));
+      for (const auto& original : files.back()->names()) {
+        std::string name = original;
+        for (const auto& [re, to] : rules) name = std::regex_replace(name, re, to);
+        if (name.empty()) continue;  // dropped by a rule
+        if (by_name.count(name))
+          throw UserError(fmt::format("{}: model.init_from: two tensors become {} ({} and {}{})", src, name,
+                                      by_name[name].name, original, rules.empty() ? "" : " after model.init_from_rename"));
+        by_name[name] = {files.back().get(), original};
+        dtypes[c10::toString(files.back()->get(original).scalar_type())] = "";
+      }
+    }
+    // Each model parameter by its name or an alias; shapes must be the global ones.
+    std::vector<const Source*> of_param(model.params().size(), nullptr);
+    std::set<std::string> used;
+    std::vector<std::string> missing, misshaped;
+    for (size_t i = 0; i < model.params().size(); ++i) {
+      const auto& p = model.params()[i];
+      std::vector<std::string> names{p.name};
+      names.insert(names.end(), p.aliases.begin(), p.aliases.end());
+      for (const auto& n : names) {
+        auto it = by_name.find(n);
+        if (it == by_name.end()) continue;
+        used.insert(n);
+        if (!of_param[i]) of_param[i] = &it->second;
+        const auto shape = it->second.file->get(it->second.name).sizes().vec();
+        if (shape != p.global_shape())
+          misshaped.push_back(fmt::format("{} [{}] in the file, [{}] in the model", n, fmt::join(shape, ", "),
+                                          fmt::join(p.global_shape(), ", ")));
+      }
+      if (!of_param[i]) missing.push_back(p.name);
+    }
+    std::vector<std::string> unexpected;
+    for (const auto& [n, s] : by_name)
+      if (!used.count(n)) unexpected.push_back(n == s.name ? n : n + " (from " + s.name + ")");
+    if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+      std::string msg = src + ": model.init_from does not fit " + model.path() + ":";
+      if (!missing.empty()) msg += fmt::format("\n  missing (in the model, not in the files): {}", list(missing));
+      if (!unexpected.empty()) msg += fmt::format("\n  unexpected (in the files, not in the model): {}", list(unexpected));
+      if (!misshaped.empty()) msg += fmt::format("\n  mis-shaped: {}", list(misshaped, 6));
+      msg += "\n  (model.init_from_rename: \"REGEX=REPLACEMENT\" rules map the files' names; an empty result drops one)";
+      throw UserError(msg);
+    }
+    // This rank's slots: their elements of the global tensor (its TP slice, its shard of that).
+    int64_t copied = 0;
+    at::NoGradGuard ng;
+    auto& slots = engine.slots();
+    const auto& ranges = engine.slot_ranges();
+    std::map<std::string, size_t> param_by_name;
+    for (size_t i = 0; i < model.params().size(); ++i) param_by_name[model.params()[i].name] = i;
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const Source* s = of_param.at(param_by_name.at(slots[i].name));
+      at::Tensor full = s->file->get(s->name).reshape({-1});  // a view of the mapped file
+      at::Tensor dst = slots[i].weight.reshape({-1});
+      const auto& r = ranges[i];
+      r.tp.for_each_run(r.begin, r.end, [&](int64_t g, int64_t l, int64_t len) {
+        dst.narrow(0, l - r.begin, len).copy_(full.narrow(0, g, len));
+        copied += len;
+      });
+    }
+    std::string types;
+    for (const auto& [t, _] : dtypes) types += (types.empty() ? "" : "/") + t;
+    summary = fmt::format("initial weights from {}: {} tensors in {} file(s) ({}), this rank read {} elements of its "
+                          "slots{}",
+                          src, used.size(), files.size(), types, copied,
+                          rules.empty() ? "" : fmt::format(", {} rename rule(s)", rules.size()));
+  } catch (const UserError& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = src + ": model.init_from: " + e.what();
+  }
+  auto errors = all_gather_strings(world, error);
+  for (const auto& e : errors)
+    if (!e.empty()) throw UserError(e);
+  engine.install_weights();
+  return summary;
+}
+
+}  // namespace mfsdp

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Weights for model.init_from (tests/hf/hf_tests.cmake), made the way users get them:
+
+    make_init_weights.py HF_MODELS FIXTURE
+
+  HF_MODELS/llama_pretrained/   a Hugging Face directory as save_pretrained writes it (config.json,
+                                model-0000K-of-0000N.safetensors and model.safetensors.index.json,
+                                bf16), of the fixture's Llama config with other weights (seed 99);
+  FIXTURE/llama_renamed.safetensors  the project's own Llama fixture (FIXTURE/llama.pt) with weights
+                                drawn anew, every name under "backbone." and one extra tensor
+                                (backbone.rotary.inv_freq) that a rename rule must drop.
+"""
+import json
+import os
+import sys
+
+import torch
+
+
+def main():
+    hfx, fx = sys.argv[1], sys.argv[2]
+    import transformers
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    transformers.logging.set_verbosity_error()
+    extra = {"mfsdp/hf_config.json": ""}
+    torch.jit.load(os.path.join(hfx, "llama.pt"), _extra_files=extra)
+    keys = json.loads(extra["mfsdp/hf_config.json"])
+    family = keys.pop("model_type")
+    for k in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
+        keys.pop(k, None)
+    torch.manual_seed(99)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **keys), dtype=torch.float32)
+    out = os.path.join(hfx, "llama_pretrained")
+    model.to(torch.bfloat16).save_pretrained(out, max_shard_size="200KB")
+    shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
+    print(f"wrote {out}: {len(shards)} shards, bf16")
+
+    own = torch.jit.load(os.path.join(fx, "llama.pt"))
+    g = torch.Generator().manual_seed(5)
+    tensors = {f"backbone.{n}": (torch.randn(p.shape, generator=g) * 0.02 if p.dim() > 1 else 1 + 0.1 * torch.randn(p.shape, generator=g))
+               for n, p in own.named_parameters()}
+    tensors["backbone.rotary.inv_freq"] = torch.ones(8)
+    save_file(tensors, os.path.join(fx, "llama_renamed.safetensors"))
+    print(f"wrote {os.path.join(fx, 'llama_renamed.safetensors')}: {len(tensors)} tensors")
+
+
+if __name__ == "__main__":
+    main()
