@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # libFuzzer over mfsdp's parsers (fuzz/), with AddressSanitizer and UndefinedBehaviorSanitizer.
 #   scripts/fuzz.sh [SECONDS] [TARGET ...]     # default 60 s per target, every target
+#   FUZZ_RUNS=3000 scripts/fuzz.sh              # 3000 inputs per target from seed 1 (CI: deterministic)
 # Targets: config tokenizer_json tiktoken encode indexed_dataset safetensors compressed.
 # Builds with clang into build-fuzz/ (FUZZ_BUILD_DIR), replays every kept regression input
 # (fuzz/regressions/TARGET/: inputs that once crashed, fixed since), then fuzzes each target from its
@@ -37,7 +38,10 @@ for t in "${targets[@]}"; do
       { tail -40 "$B/$t.regressions.log" >&2; echo "fuzz.sh: $t: a kept regression input fails again" >&2; exit 1; }
   fi
   start=$(date +%s)
-  if ! "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
+  # FUZZ_RUNS=N: N inputs from seed 1 instead of SECONDS of time (deterministic, for CI).
+  budget=(-max_total_time="$secs")
+  [ -n "${FUZZ_RUNS:-}" ] && budget=(-runs="$FUZZ_RUNS" -seed=1)
+  if ! "$bin" "${budget[@]}" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
         -artifact_prefix="$B/artifacts/$t-" "$corpus" "${seeds[@]}" > "$B/$t.log" 2>&1; then
     tail -40 "$B/$t.log" >&2
     echo "fuzz.sh: $t: FAILED; the input is in $B/artifacts/ (keep it in fuzz/regressions/$t/ once fixed)" >&2

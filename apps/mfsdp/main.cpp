@@ -106,6 +106,12 @@ int main(int argc, char** argv) {
                               "distributed.activation_checkpointing, zero_dp_strategy 3, distributed.tp_size";
       return report_and_exit("error: ", msg.c_str(), 2);
     }
+    auto tag = what.find(mfsdp::kUserErrorTag);
+    if (tag != std::string::npos) {  // a user error from inside an op, through the interpreter
+      std::string msg = what.substr(tag + std::strlen(mfsdp::kUserErrorTag));
+      msg = msg.substr(0, msg.find('\n'));
+      return report_and_exit("error: ", msg.c_str(), 2);
+    }
     return report_and_exit("internal error: ", what.c_str(), 1);
   }
   return 0;

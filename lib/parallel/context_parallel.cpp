@@ -241,10 +241,11 @@ at::Tensor finish_forward(AutogradContext* ctx, const at::Tensor& q, const at::T
 }
 
 struct CpAttention : public torch::autograd::Function<CpAttention> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale) {
+    ctx->saved_data["scale"] = scale;
     Communicator& c = *g_cp.load();
     const int64_t C = c.size(), r = c.rank(), Tl = q.size(2), half = Tl / 2;
-    const double scale = 1.0 / std::sqrt(double(q.size(3)));
     at::Tensor qf = q.to(at::kFloat);
     const bool flash = use_flash(q);
     ctx->saved_data["flash"] = flash;
@@ -273,7 +274,7 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const int64_t C = c.size(), r = c.rank(), Tl = q.size(2), half = Tl / 2;
-    const double scale = 1.0 / std::sqrt(double(q.size(3)));
+    const double scale = ctx->saved_data["scale"].toDouble();
     at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
     at::Tensor dout = grads[0].to(at::kFloat);
     at::Tensor delta = (dout * out).sum(-1);  // rowsum(dO o O)
@@ -305,7 +306,7 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
       FlightTag t("context-parallel reduce-scatter of key/value gradients");
       c.reduce_scatter(dkv.view({-1}), dkv_all.view({-1}), ReduceOp::kSum);
     }
-    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type())};
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor()};
   }
 };
 
@@ -313,11 +314,12 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
 // chunks r-t and 2C-1-(r-t)) while those of rank r - t - 1 arrive; a block is skipped when its
 // key chunk lies after the query chunk (the causal mask), so every rank does 2C + 1 blocks.
 struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            double scale) {
+    ctx->saved_data["scale"] = scale;
     Communicator& c = *g_cp.load();
     const int64_t C = c.size(), r = c.rank(), half = q.size(2) / 2;
     const int next = int((r + 1) % C), prev = int((r + C - 1) % C);
-    const double scale = 1.0 / std::sqrt(double(q.size(3)));
     at::Tensor qf = q.to(at::kFloat);
     const bool flash = use_flash(q);
     ctx->saved_data["flash"] = flash;
@@ -369,7 +371,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const int64_t C = c.size(), r = c.rank(), half = q.size(2) / 2;
     const int next = int((r + 1) % C), prev = int((r + C - 1) % C);
-    const double scale = 1.0 / std::sqrt(double(q.size(3)));
+    const double scale = ctx->saved_data["scale"].toDouble();
     at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
     at::Tensor dout = grads[0].to(at::kFloat);
     at::Tensor delta = (dout * out).sum(-1);
@@ -409,19 +411,63 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
       bundle = incoming;
     }
     at::Tensor dkv = bundle[1];  // home again: the gradients of this rank's own chunks
-    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type())};
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor()};
   }
 };
 
 // Plain causal attention (no CP group): what the replaced core computes, for cp_attention's
 // callers without a group (tests) and for inference below autograd.
-at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  at::Tensor s = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-2, -1)) / std::sqrt(double(q.size(3)));
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  at::Tensor s = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-2, -1)) * scale;
   s = s + causal_bias(q.size(2), s.options());
   return at::matmul(at::softmax(s, -1), v.to(at::kFloat)).to(q.scalar_type());
 }
 
 at::Tensor cp_attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return cp_attention(q, k, v); }
+
+// The mask of a replaced scaled_dot_product_attention must be the causal mask a Hugging Face model
+// builds for this rank's tokens, which it then no longer needs (the blockwise attention masks by
+// global position): causal over the local sequence, or, because HF reads the jump in CP's
+// position ids between the rank's two chunks as two packed sequences, causal within each chunk.
+// Boolean (true: attend) or additive (0: attend, <= -1e30 or -inf: not). Checked once per mask
+// tensor (HF builds one per forward, shared by every layer).
+void check_causal_mask(const at::Tensor& mask, int64_t T, const std::string& where) {
+  thread_local const void* last_ok = nullptr;
+  thread_local std::vector<int64_t> last_sizes;
+  if (mask.data_ptr() == last_ok && mask.sizes().vec() == last_sizes) return;
+  at::NoGradGuard ng;
+  auto fail = [&](const std::string& why) {
+    throw UserError(std::string(kUserErrorTag) + "context parallel: the scaled_dot_product_attention call in " + where +
+                    " has an attention mask " +
+                    why + "; only the causal mask (as Hugging Face models build it) can be replaced by the blockwise "
+                    "causal attention (a padding, sliding-window or document mask cannot)");
+  };
+  if (mask.dim() < 2 || mask.size(-1) != T || mask.size(-2) != T)
+    fail(fmt::format("of shape [{}] (expected [..., {}, {}])", fmt::join(mask.sizes(), ", "), T, T));
+  at::Tensor m = mask.to(at::kCPU);
+  at::Tensor allowed, ok_values;
+  if (m.scalar_type() == at::kBool) {
+    allowed = m;
+  } else {
+    at::Tensor f = m.to(at::kFloat);
+    allowed = f.eq(0);
+    ok_values = allowed.logical_or(f.le(-1e30)).all();
+    if (!ok_values.item<bool>()) fail("with values other than 0 and -inf (or the dtype's lowest)");
+  }
+  at::Tensor idx = at::arange(T, at::kLong);
+  at::Tensor causal = idx.unsqueeze(1).ge(idx.unsqueeze(0));
+  at::Tensor chunk = idx.div(std::max<int64_t>(1, T / 2), "floor");
+  at::Tensor chunked = causal.logical_and(chunk.unsqueeze(1).eq(chunk.unsqueeze(0)));
+  if (!allowed.eq(causal).all().item<bool>() && !allowed.eq(chunked).all().item<bool>()) fail("that is not causal");
+  last_ok = mask.data_ptr();
+  last_sizes = mask.sizes().vec();
+}
+
+at::Tensor cp_sdpa_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                      std::optional<double> scale, c10::string_view where) {
+  if (mask && mask->defined()) check_causal_mask(*mask, q.size(2), std::string(where));
+  return cp_attention(q, k, v, scale.value_or(0.0));
+}
 
 
 class ContextParallelImpl final : public ContextParallel {
@@ -436,20 +482,27 @@ class ContextParallelImpl final : public ContextParallel {
     core_paths_ = model.modules_matching(patterns);
     std::set<const c10::ClassType*> core_types;
     for (const auto& path : core_paths_) core_types.insert(submodule_at(model.module(), path).type().get());
-    if (core_types.empty())
-      throw ConfigError(cfg.where("distributed.core_attention_modules") +
-                        ": distributed.cp_size > 1 replaces the model's attention core, and distributed.core_attention_modules [" +
-                        join(patterns, ", ") + "] matches no module of " + model.path() +
-                        ". The model contract: softmax(QK^T/sqrt(d))V with a causal mask is a submodule of its own, "
-                        "forward(q, k, v) on [batch, heads, seq, head_dim] (README \"Model contract\"). The model's modules:\n" +
-                        model.module_tree());
     std::set<const c10::ClassType*> seen;
     for (const auto& nm : model.module().named_modules()) {
       torch::jit::Module m = nm.value;
       if (!seen.insert(m.type().get()).second || !m.find_method("forward")) continue;
       auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
-      replace_calls(fn.graph()->block(), core_types, nm.name);
+      // No core-attention module (Hugging Face models call a function): the scaled_dot_product_
+      // attention calls themselves are replaced.
+      if (core_types.empty())
+        replace_sdpa(fn.graph()->block(), nm.name.empty() ? "the model's forward" : nm.name + ".forward");
+      else
+        replace_calls(fn.graph()->block(), core_types, nm.name);
     }
+    if (core_types.empty() && replaced_ == 0)
+      throw ConfigError(cfg.where("distributed.core_attention_modules") +
+                        ": distributed.cp_size > 1 replaces the model's attention core, and distributed.core_attention_modules [" +
+                        join(patterns, ", ") + "] matches no module of " + model.path() +
+                        ", nor does the model call aten::scaled_dot_product_attention. The model contract: "
+                        "softmax(QK^T/sqrt(d))V with a causal mask is a submodule of its own, "
+                        "forward(q, k, v) on [batch, heads, seq, head_dim] (README \"Model contract\"). The model's modules:\n" +
+                        model.module_tree());
+    if (core_types.empty()) core_paths_ = {fmt::format("aten::scaled_dot_product_attention in {}", sdpa_where_)};
     if (replaced_ == 0)
       throw ConfigError(cfg.where("distributed.core_attention_modules") + ": the attention-core modules (" +
                         core_paths_.front() + ", ...) are never called through their forward in the model's graphs");
@@ -506,10 +559,54 @@ class ContextParallelImpl final : public ContextParallel {
     }
   }
 
+  // Each aten::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale[, enable_gqa])
+  // becomes mfsdp::cp_sdpa(q, k, v, mask, scale, where) when its arguments say causal attention:
+  // dropout_p the constant 0, is_causal a constant (true with no mask; false with a mask that
+  // cp_sdpa checks to be causal when it runs), enable_gqa false, scale a constant or None.
+  void replace_sdpa(torch::jit::Block* block, const std::string& where) {
+    static const c10::Symbol sdpa = c10::Symbol::fromQualString("aten::scaled_dot_product_attention");
+    for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+      torch::jit::Node* node = *it;
+      ++it;
+      for (auto* sub : node->blocks()) replace_sdpa(sub, where);
+      if (node->kind() != sdpa) continue;
+      auto bad = [&](const std::string& why) {
+        throw UserError("context parallel: the scaled_dot_product_attention call in " + where + " " + why +
+                        "; context parallelism replaces only causal attention without dropout (export the model "
+                        "with its attention dropout 0, or give it a core-attention module: README \"Model contract\")");
+      };
+      if (node->inputs().size() < 7) bad("has an unexpected signature");
+      auto constant = [](torch::jit::Value* v) { return torch::jit::toIValue(v); };
+      auto dropout = constant(node->input(4));
+      if (!dropout || !dropout->isDouble() || dropout->toDouble() != 0.0) bad("has dropout (dropout_p is not the constant 0)");
+      auto causal = constant(node->input(5));
+      if (!causal || !causal->isBool()) bad("takes is_causal from a value computed at run time");
+      const bool mask_none = node->input(3)->type()->kind() == c10::TypeKind::NoneType;
+      if (!causal->toBool() && mask_none) bad("is not causal (is_causal false and no mask)");
+      if (causal->toBool() && !mask_none) bad("has both is_causal and a mask");
+      auto scale = constant(node->input(6));
+      if (!scale || !(scale->isNone() || scale->isDouble())) bad("takes its scale from a value computed at run time");
+      if (node->inputs().size() > 7) {
+        auto gqa = constant(node->input(7));
+        if (!gqa || !gqa->isBool() || gqa->toBool()) bad("uses enable_gqa (repeat the key/value heads before it)");
+      }
+      torch::jit::Graph& g = *node->owningGraph();
+      torch::jit::WithInsertPoint guard(node);
+      torch::jit::Value* where_v = g.insertConstant(where);
+      torch::jit::Value* out = g.insert(c10::Symbol::fromQualString("mfsdp::cp_sdpa"),
+                                        {node->input(0), node->input(1), node->input(2), node->input(3), node->input(6), where_v});
+      out->setType(node->output()->type());
+      node->output()->replaceAllUsesWith(out);
+      node->destroy();
+      if (replaced_++ == 0) sdpa_where_ = where;
+    }
+  }
+
   Model& model_;
   const Config& cfg_;
   Communicator& cp_;
   bool active_ = false;
+  std::string sdpa_where_;
   std::vector<std::string> core_paths_;
   int replaced_ = 0;
 };
@@ -521,15 +618,16 @@ void set_cp_context(Communicator* cp, bool ring) {
   g_ring.store(ring);
 }
 
-at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+  if (scale <= 0) scale = 1.0 / std::sqrt(double(q.size(3)));
   Communicator* c = g_cp.load();
-  if (!c) return local_attention(q, k, v);
+  if (!c) return local_attention(q, k, v, scale);
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
     throw UserError(fmt::format("context parallel attention: q, k, v must be [batch, heads, seq, head_dim] of one shape, "
                                 "got [{}], [{}], [{}] (repeat key/value heads before the core for grouped-query attention)",
                                 fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", ")));
   if (q.size(2) % 2 != 0) throw UserError("context parallel attention: the local sequence must hold two equal chunks");
-  return g_ring.load() ? RingCpAttention::apply(q, k, v) : CpAttention::apply(q, k, v);
+  return g_ring.load() ? RingCpAttention::apply(q, k, v, scale) : CpAttention::apply(q, k, v, scale);
 }
 
 std::unique_ptr<ContextParallel> apply_context_parallel(Model& model, const Config& cfg, ProcessGroups& pg) {
@@ -540,6 +638,11 @@ std::unique_ptr<ContextParallel> apply_context_parallel(Model& model, const Conf
 
 TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def(torch::schema("mfsdp::cp_attention(Tensor q, Tensor k, Tensor v) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE));
+  m.def(torch::schema("mfsdp::cp_sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, float? scale, str where) -> Tensor",
+                      c10::AliasAnalysisKind::CONSERVATIVE));
 }
 
-TORCH_LIBRARY_IMPL(mfsdp, CompositeImplicitAutograd, m) { m.impl("cp_attention", mfsdp::cp_attention_op); }
+TORCH_LIBRARY_IMPL(mfsdp, CompositeImplicitAutograd, m) {
+  m.impl("cp_attention", mfsdp::cp_attention_op);
+  m.impl("cp_sdpa", mfsdp::cp_sdpa_op);
+}

@@ -51,6 +51,7 @@ std::unique_ptr<ContextParallel> apply_context_parallel(Model& model, const Conf
 // group set by set_cp_context (nullptr: plain causal attention on the local tensors).
 class Communicator;
 void set_cp_context(Communicator* cp, bool ring = false);
-at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
+// scale <= 0: 1/sqrt(head_dim).
+at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale = 0.0);
 
 }  // namespace mfsdp

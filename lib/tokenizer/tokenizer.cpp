@@ -2,6 +2,7 @@
 // from a path: see tokenizer.h.
 #include "tokenizer/tokenizer.h"
 
+#include <climits>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -238,6 +239,10 @@ std::unique_ptr<Tokenizer> load_tiktoken(const std::string& path, const Tokenize
     long long rank = rank_str.empty() ? -1 : std::strtoll(rank_str.c_str(), &stop, 10);
     if (sp == std::string_view::npos || rank < 0 || *stop != '\0' || !b64_decode(line.substr(0, sp), bytes))
       throw UserError(path + ":" + std::to_string(lineno) + ": expected \"<base64 token> <rank>\"");
+    // Token ids are stored as int32 (prepare-data's .bin), and the end-of-text id is max + 1.
+    if (rank >= INT32_MAX)
+      throw UserError(path + ":" + std::to_string(lineno) + ": rank " + rank_str + " is out of range (token ids are below " +
+                      std::to_string(INT32_MAX) + ")");
     // Whisper's multilingual file ranks the empty string ("="): it can never match; it counts
     // towards the vocabulary only.
     if (!bytes.empty()) ranks.set(bytes, static_cast<uint64_t>(rank));

@@ -13,6 +13,11 @@ class UserError : public std::runtime_error {
   explicit UserError(const std::string& what) : std::runtime_error(what) {}
 };
 
+// A user error raised inside a custom op reaches the caller through the TorchScript interpreter,
+// which rethrows it as a c10::Error with its own traceback around the text: the text carries this
+// tag so that main can still report it as the user's error (exit 2), without the traceback.
+inline constexpr const char* kUserErrorTag = "[mfsdp user error] ";
+
 // Configuration errors are user errors whose message already starts with "file:line:col: ".
 class ConfigError : public UserError {
  public:

@@ -29,6 +29,17 @@ mfsdp_hf_run(hf_llama_tp2_s3_n4 4 llama distributed.tp_size=2 distributed.zero_d
 mfsdp_hf_run(hf_qwen2_tp2_s1_n4 4 qwen2 distributed.tp_size=2 distributed.zero_dp_strategy=1)
 mfsdp_hf_run(hf_qwen3_tp2_n2 2 qwen3 distributed.tp_size=2)
 mfsdp_hf_run(hf_gemma_tp2_s3_n2 2 gemma distributed.tp_size=2 distributed.zero_dp_strategy=3)
+# Context parallelism without a core-attention module: the scaled_dot_product_attention calls are
+# replaced (the causal mask HF builds checked and dropped); all-gather and ring, with TP too.
+mfsdp_hf_run(hf_llama_cp2_s3_n2 2 llama distributed.cp_size=2 distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_gemma_cp2_n2 2 gemma distributed.cp_size=2)
+mfsdp_hf_run(hf_gpt2_cp2_s1_n2 2 gpt2 distributed.cp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_qwen3_cp2_tp2_p2p_s3_n4 4 qwen3 distributed.cp_size=2 distributed.tp_size=2 distributed.cp_comm_type=p2p
+             distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_phi3_cp4_s2_n4 4 phi3 distributed.cp_size=4 distributed.zero_dp_strategy=2)
+mfsdp_hf_run(hf_mistral_sw_s3_n2 2 mistral_sw distributed.zero_dp_strategy=3)
+list(APPEND hf_runs hf_llama_cp2_s3_n2 hf_gemma_cp2_n2 hf_gpt2_cp2_s1_n2 hf_qwen3_cp2_tp2_p2p_s3_n4 hf_phi3_cp4_s2_n4
+     hf_mistral_sw_s3_n2)
 list(APPEND hf_runs hf_llama_n1 hf_llama_s0_n4 hf_llama_s1_n2 hf_llama_s2_n4 hf_llama_tp2_s3_n4 hf_qwen2_tp2_s1_n4
      hf_qwen3_tp2_n2 hf_gemma_tp2_s3_n2)
 mfsdp_oracle(hf_families RUNS ${hf_runs})
@@ -41,22 +52,22 @@ set(_qwen3_unsummed "{\"model.layers.*.self_attn.q_proj\": colwise, \"model.laye
 mfsdp_hf_run(hf_qwen3_tp2_norms_unsummed 2 qwen3 distributed.tp_size=2 "distributed.tp_plan=${_qwen3_unsummed}")
 mfsdp_oracle(hf_catches_unsummed_norms RUNS hf_qwen3_tp2_norms_unsummed ARGS --expect-differ)
 
-# What is not supported yet says so (never a silently wrong run): sequence parallelism (HF attention
-# takes its sequence length from its input), context parallelism (no core-attention submodule), TP
-# of a family whose plan mfsdp cannot apply.
+# What is not supported says so (never a silently wrong run): sequence parallelism (HF attention
+# takes its sequence length from its input), context parallelism of a sliding-window model (its
+# mask is not causal), TP of a family whose plan mfsdp cannot apply.
 add_test(NAME hf_sequence_parallel_refused
          COMMAND ${EXPECT} 2 "distributed.sequence_parallel: these parameters are replicated across tensor-parallel ranks" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_sp
                  distributed.tp_size=2 distributed.sequence_parallel=true)
-add_test(NAME hf_context_parallel_refused
-         COMMAND ${EXPECT} 2 "distributed.cp_size > 1 replaces the model's attention core" --
-                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_cp
+add_test(NAME hf_context_parallel_sliding_window_refused
+         COMMAND ${EXPECT} 2 "the scaled_dot_product_attention call in model.layers.0.self_attn.forward has an attention mask that is not causal" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/mistral_sw.pt run_dir=${FX}/hf_cp
                  distributed.cp_size=2)
 add_test(NAME hf_phi3_no_tp_plan
          COMMAND ${EXPECT} 2 "there is no tensor-parallel plan" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/phi3.pt run_dir=${FX}/hf_phi3_tp
                  distributed.tp_size=2)
-set_tests_properties(hf_sequence_parallel_refused hf_context_parallel_refused hf_phi3_no_tp_plan PROPERTIES
+set_tests_properties(hf_sequence_parallel_refused hf_context_parallel_sliding_window_refused hf_phi3_no_tp_plan PROPERTIES
                      FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
 add_test(NAME hf_export_unknown_family
          COMMAND ${EXPECT} 1 "model type 'lama' is not one transformers" --

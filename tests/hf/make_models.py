@@ -4,7 +4,7 @@ families, exported with scripts/export_hf.py (its main, in one process) as a use
 
     make_models.py SRC OUT      -> OUT/FAMILY.pt, OUT/FAMILY.log
 
-Llama with grouped-query attention; Mistral; Qwen2 (q/k/v biases, tied head); Qwen3 (q/k norms,
+Llama with grouped-query attention; Mistral, and one with a sliding window of 8 tokens; Qwen2 (q/k/v biases, tied head); Qwen3 (q/k norms,
 an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
 GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
 gate_up: its plan's colwise_gather_output is not a style mfsdp keeps, so no plan is stored).
@@ -18,6 +18,7 @@ COMMON = ["vocab_size=264", "hidden_size=64", "intermediate_size=128", "num_hidd
 MODELS = {
     "llama": ["--family", "llama", "--set", *COMMON, "num_key_value_heads=2"],
     "mistral": ["--family", "mistral", "--set", *COMMON, "num_key_value_heads=2"],
+    "mistral_sw": ["--family", "mistral", "--set", *COMMON, "num_key_value_heads=2", "sliding_window=8"],
     "qwen2": ["--family", "qwen2", "--set", *COMMON, "num_key_value_heads=2", "tie_word_embeddings=true"],
     "qwen3": ["--family", "qwen3", "--set", *COMMON, "num_key_value_heads=2", "head_dim=8"],
     "gemma": ["--family", "gemma", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],

@@ -19,7 +19,7 @@ def scenario_main(namespace, prefix, extra_args=()):
     ap.add_argument("--fx", required=True)
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--src", default=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    ap.add_argument("--trials", type=int, default=5)  # CI; more by hand: --trials 50
+    ap.add_argument("--trials", type=int, default=3)  # CI; more by hand: --trials 50
     args = ap.parse_args()
     args.work = f"{args.fx}/{prefix}_{args.scenario}"
     os.makedirs(args.work, exist_ok=True)
