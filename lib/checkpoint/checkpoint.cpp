@@ -358,12 +358,23 @@ TrainerState CheckpointManager::load(const std::string& dir) {
     auto& slots = engine_.slots();
     const auto& ranges = engine_.slot_ranges();
     at::NoGradGuard ng;
+    std::vector<std::string> fresh;  // trainable now, frozen when saved: no state to carry over
     for (size_t i = 0; i < slots.size(); ++i) {
       const auto& r = ranges[i];
       read_range(reader, index, "main", slots[i].name, r.begin, r.end, r.tp, slots[i].weight);
+      if (slots[i].frozen) continue;
+      if (index["params"].at(slots[i].name).value("frozen", false)) {
+        if (std::find(fresh.begin(), fresh.end(), slots[i].name) == fresh.end()) fresh.push_back(slots[i].name);
+        for (const auto& kind : optimizer_.state_kinds()) optimizer_.slot_state(kind, i, slots).zero_();
+        continue;
+      }
       for (const auto& kind : optimizer_.state_kinds())
         read_range(reader, index, kind, slots[i].name, r.begin, r.end, r.tp, optimizer_.slot_state(kind, i, slots));
     }
+    if (!fresh.empty())
+      st.note = fmt::format("{} parameters frozen when the checkpoint was saved train now, with fresh optimizer state "
+                            "({}{})", fresh.size(), fmt::join(fresh.begin(), fresh.begin() + std::min<size_t>(fresh.size(), 4), ", "),
+                            fresh.size() > 4 ? ", ..." : "");
     optimizer_.set_steps_taken(index["optimizer"].value("steps", int64_t(0)));
     // Each rank's RNG, when the layout of ranks is the same.
     const std::string mine = fmt::format("rank_{:05d}.safetensors", world.rank());
@@ -435,8 +446,9 @@ void CheckpointManager::save(const TrainerState& state) {
       // Host copies (device-to-host on a GPU run): the writer thread reads them after this returns.
       auto host = [](const at::Tensor& t) { return t.reshape({-1}).to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); };
       tensors.emplace_back(piece_key("main", slots[i].name, r.begin) + suffix, host(slots[i].weight));
-      for (const auto& kind : optimizer_.state_kinds())
-        tensors.emplace_back(piece_key(kind, slots[i].name, r.begin) + suffix, host(optimizer_.slot_state(kind, i, slots)));
+      if (!slots[i].frozen)  // model.frozen: weights only (the index marks it)
+        for (const auto& kind : optimizer_.state_kinds())
+          tensors.emplace_back(piece_key(kind, slots[i].name, r.begin) + suffix, host(optimizer_.slot_state(kind, i, slots)));
       json piece = {slots[i].name, r.begin, r.end};
       if (r.tp.split()) piece.push_back(split_json(r.tp));
       pieces.push_back(piece);
@@ -506,6 +518,8 @@ void CheckpointManager::finalize(Pending& p) {
       index["optimizer"] = {{"name", cfg_.optimizer.name}, {"steps", p.optimizer_steps},
                             {"state", optimizer_.state_kinds()}};
       for (auto it = params.begin(); it != params.end(); ++it) it.value()["pieces"] = json::array();
+      for (const auto& mp : model_.params())
+        if (mp.frozen) params[mp.name]["frozen"] = true;  // its pieces hold weights, no optimizer state
       index["files"] = json::object();
       for (const auto& frag : fragments) {
         json f = json::parse(frag);
@@ -618,6 +632,7 @@ void export_checkpoint(const std::string& given, const std::string& out, const s
   std::vector<std::pair<std::string, at::Tensor>> weights;  // every name, aliases included
   std::vector<std::pair<std::string, at::Tensor>> unique;
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
+    if (state != "main" && it.value().value("frozen", false)) continue;  // frozen: no optimizer state
     auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     int64_t n = 1;
     for (int64_t d : shape) n *= d;

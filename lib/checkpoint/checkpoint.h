@@ -30,6 +30,7 @@ class ProcessGroups;
 struct TrainerState {
   int64_t step = 0;              // optimizer steps done
   int64_t consumed_samples = 0;  // the sampler's position
+  std::string note;              // load: what was not carried over (optimizer state of unfrozen parameters)
 };
 
 class CheckpointManager {

@@ -99,6 +99,12 @@ struct ModelConfig {
   // rules applied in order to the file's names (an empty result drops the tensor).
   std::string init_from;
   std::vector<std::string> init_from_rename;
+  // Fine-tuning: which parameters train (globs over parameter names, tied aliases included).
+  // trainable null: every parameter, or the list the exporter stored in the file (a PEFT model's
+  // adapters); frozen: subtracted from that. Frozen parameters get no gradient, no optimizer state
+  // and no reduction (DESIGN.md section 13).
+  std::optional<std::vector<std::string>> trainable;
+  std::vector<std::string> frozen;
 };
 
 struct DataConfig {

@@ -49,6 +49,8 @@ void describe(Config& c, V& v) {
     v.field("init_rules", c.model.init_rules, Check<std::vector<std::string>>(init_rules_check));
     v.field("init_from", c.model.init_from);
     v.field("init_from_rename", c.model.init_from_rename, Check<std::vector<std::string>>(rename_rules_check));
+    v.field("trainable", c.model.trainable);
+    v.field("frozen", c.model.frozen);
   });
   v.section("distributed", [&] {
     auto& d = c.distributed;

@@ -40,8 +40,9 @@ class ParallelEngine {
   // Names of parameters whose gradient holds a NaN or Inf (this rank's part).
   virtual std::vector<std::string> nonfinite_grads() = 0;
   virtual std::vector<OptimSlot>& slots() = 0;
-  // Copies the updated main weights into the model's compute weights.
-  virtual void install_weights() = 0;
+  // Copies the main weights into the model's compute weights: after an optimizer step only those
+  // of trainable parameters (trainable_only; frozen ones did not change), after a load all of them.
+  virtual void install_weights(bool trainable_only = false) = 0;
   // Lines about buckets and this rank's memory, for the start-up log.
   virtual std::string describe() const = 0;
   // Bytes this rank holds persistently: compute weights, separate main weights, main gradients.

@@ -68,6 +68,7 @@ struct PendingReduce {
 struct Bucket {
   std::string name;
   int unit = -1;  // -1: not a unit (parameters outside units, or one parameter)
+  bool frozen = false;  // model.frozen parameters only: weights, never gradients
   std::vector<int> params;
   int64_t numel = 0, padded = 0, shard = 0;
   at::Tensor full;        // compute weights, padded; under strategy 3 its storage comes and goes
@@ -119,6 +120,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     // Keep each accumulator alive: a hook on a node that is later recreated would never fire.
     auto& params = model_.params();
     for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].frozen) continue;  // autograd computes no gradient for it
       auto acc = torch::autograd::impl::grad_accumulator(params[i].tensor);
       if (!acc) throw std::runtime_error("parameter " + params[i].name + " has no gradient accumulator");
       acc->add_post_hook(std::make_unique<GradReadyHook>(this, int(i)));
@@ -137,6 +139,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   // ---------------------------------------------------------------------------- step protocol
   void start_step() override {
     for (auto& b : buckets_) {
+      if (b.frozen) continue;
       if (strategy_ <= 1) b.grad_full.zero_();
       if (strategy_ >= 1) b.grad_shard.zero_();
     }
@@ -210,8 +213,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
 
   void finish_grad_sync(double scale) override {
     for (auto& b : buckets_)
-      if (!b.reduced_this_micro && (strategy_ <= 1 || b.grad_full.defined())) launch_reduce(b);
+      if (!b.frozen && !b.reduced_this_micro && (strategy_ <= 1 || b.grad_full.defined())) launch_reduce(b);
     for (auto& b : buckets_) {
+      if (b.frozen) continue;
       for (auto& pr : b.reduces) {
         pr.work->wait();
         if (strategy_ >= 2) {
@@ -225,7 +229,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     }
     sum_sequence_parallel_grads();
     if (scale != 1.0)
-      for (auto& b : buckets_) b.grad_shard.mul_(scale);
+      for (auto& b : buckets_)
+        if (!b.frozen) b.grad_shard.mul_(scale);
     if (strategy_ == 3)
       for (auto& b : buckets_)
         if (b.unit >= 0) release(b);  // units whose input needed no grad never ran post_backward
@@ -241,12 +246,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     at::Tensor split_sq = at::zeros({1}, f64), replicated_sq = at::zeros({1}, f64);
     if (tp_.size() == 1) {
       std::vector<at::Tensor> n;
-      for (auto& b : buckets_) n.push_back(b.grad_shard.norm());
+      for (auto& b : buckets_)
+        if (!b.frozen) n.push_back(b.grad_shard.norm());
       if (!n.empty()) replicated_sq = at::stack(n).to(at::kDouble).pow(2).sum().reshape({1});
     } else {
       std::vector<at::Tensor> split, replicated;
       for (size_t i = 0; i < slots_.size(); ++i)
-        (model_.params()[slot_param_[i]].tp.split() ? split : replicated).push_back(slots_[i].grad.norm());
+        if (!slots_[i].frozen)
+          (model_.params()[slot_param_[i]].tp.split() ? split : replicated).push_back(slots_[i].grad.norm());
       auto sum_sq = [&](const std::vector<at::Tensor>& n) {
         return n.empty() ? at::zeros({1}, f64) : at::stack(n).to(at::kDouble).pow(2).sum().reshape({1});
       };
@@ -260,21 +267,23 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   }
 
   void scale_grads(const at::Tensor& s) override {
-    for (auto& b : buckets_) b.grad_shard.mul_(s.to(b.grad_shard.scalar_type()));
+    for (auto& b : buckets_)
+      if (!b.frozen) b.grad_shard.mul_(s.to(b.grad_shard.scalar_type()));
   }
 
   std::vector<std::string> nonfinite_grads() override {
     std::vector<std::string> bad;
     for (auto& s : slots_)
-      if (!at::isfinite(s.grad).all().item<bool>()) bad.push_back(s.name);
+      if (!s.frozen && !at::isfinite(s.grad).all().item<bool>()) bad.push_back(s.name);
     return bad;
   }
 
   std::vector<OptimSlot>& slots() override { return slots_; }
 
-  void install_weights() override {
+  void install_weights(bool trainable_only) override {
     at::NoGradGuard ng;
     for (auto& b : buckets_) {
+      if (b.frozen && trainable_only) continue;  // unchanged: no copy, no post-step gather
       if (strategy_ == 0) {
         if (!b.main.is_same(b.full)) b.full.copy_(b.main);
       } else if (strategy_ <= 2) {
@@ -293,14 +302,18 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
 
   std::string describe() const override {
     Memory m = memory();
-    int64_t local_elems = 0;
-    for (auto& b : buckets_) local_elems += strategy_ == 0 ? b.numel : b.shard;
+    int64_t local_elems = 0, frozen_buckets = 0;
+    for (auto& b : buckets_) {
+      if (b.frozen) ++frozen_buckets;
+      else local_elems += strategy_ == 0 ? b.numel : b.shard;
+    }
     return fmt::format(
-        "megatron_fsdp {} over {} ranks (dp_shard x cp{}): {} buckets ({} units{}), compute {}, main weights {}, "
+        "megatron_fsdp {} over {} ranks (dp_shard x cp{}): {} buckets ({} units{}{}), compute {}, main weights {}, "
         "gradients {}; this rank holds weights {}, main weights {}, gradients {}, optimizer state ~{} "
         "({}); overlap: grad reduce {}, param gather {}{}{}",
         to_string(d_.zero_dp_strategy), S_, replicate_.size() > 1 ? fmt::format(", x{} replicas", replicate_.size()) : "",
-        buckets_.size(), unit_groups_.size(), d_.disable_bucketing ? ", one per parameter" : "", c10::toString(cd_),
+        buckets_.size(), unit_groups_.size(), d_.disable_bucketing ? ", one per parameter" : "",
+        frozen_buckets ? fmt::format("; {} of frozen parameters, without gradients", frozen_buckets) : "", c10::toString(cd_),
         c10::toString(md_), c10::toString(gd_), human_bytes(double(m.weights)), human_bytes(double(m.main_weights)),
         human_bytes(double(m.grads)), human_bytes(4.0 * optim_states_ * double(local_elems)),
         optim_states_ == 0 ? optim_name_ + ": no state"
@@ -369,7 +382,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       m.weights += (strategy_ == 3 ? b.shard : b.padded) * ce;
       const bool main_alias = md_ == cd_;
       if (!main_alias) m.main_weights += (strategy_ == 0 ? b.padded : b.shard) * me;
-      m.grads += (strategy_ <= 1 ? b.padded : 0) * ge + (strategy_ >= 1 ? b.shard : 0) * ge;
+      if (!b.frozen) m.grads += (strategy_ <= 1 ? b.padded : 0) * ge + (strategy_ >= 1 ? b.shard : 0) * ge;
     }
     if (d_.fsdp_double_buffer) m.weights += 2 * double_buffer_[0].numel() * ce;
     return m;
@@ -415,10 +428,11 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   void build_buckets(const Config& cfg) {
     const auto& params = model_.params();
     info_.resize(params.size());
-    auto add = [&](std::string name, int unit, const std::vector<int>& members) {
+    auto add1 = [&](std::string name, int unit, const std::vector<int>& members, bool frozen) {
       Bucket b;
       b.name = std::move(name);
       b.unit = unit;
+      b.frozen = frozen;
       b.params = members;
       for (int pi : members) {
         info_[pi].name = params[pi].name;
@@ -431,21 +445,29 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       b.shard = b.padded / S_;
       buckets_.push_back(std::move(b));
     };
+    // Frozen parameters go into buckets of their own (a unit then has two): a bucket either has
+    // gradients for all of its elements or for none.
+    auto add = [&](const std::string& name, int unit, const std::vector<int>& members) {
+      std::vector<int> trainable, frozen;
+      for (int pi : members) (params[pi].frozen ? frozen : trainable).push_back(pi);
+      if (!trainable.empty()) {
+        add1(name, unit, trainable, false);
+        if (unit >= 0) unit_groups_[unit].push_back(int(buckets_.size()) - 1);
+      }
+      if (!frozen.empty()) {
+        add1(trainable.empty() ? name : name + " (frozen)", unit, frozen, true);
+        if (unit >= 0) unit_groups_[unit].push_back(int(buckets_.size()) - 1);
+      }
+    };
     std::vector<int> rest;
     for (size_t i = 0; i < params.size(); ++i)
       if (params[i].unit < 0) rest.push_back(int(i));
     unit_groups_.assign(model_.units().size(), {});
     if (d_.disable_bucketing) {
       // One collective per parameter; a unit still gathers and frees its parameters together.
-      for (size_t i = 0; i < params.size(); ++i) {
-        add(params[i].name, params[i].unit, {int(i)});
-        if (params[i].unit >= 0) unit_groups_[params[i].unit].push_back(int(buckets_.size()) - 1);
-      }
+      for (size_t i = 0; i < params.size(); ++i) add(params[i].name, params[i].unit, {int(i)});
     } else {
-      for (size_t u = 0; u < model_.units().size(); ++u) {
-        add(model_.units()[u].path, int(u), model_.units()[u].params);
-        unit_groups_[u].push_back(int(buckets_.size()) - 1);
-      }
+      for (size_t u = 0; u < model_.units().size(); ++u) add(model_.units()[u].path, int(u), model_.units()[u].params);
       if (!rest.empty()) add("(outside units)", -1, rest);
     }
     // Double buffering: each unit's buckets sit side by side in buffer (unit % 2).
@@ -583,8 +605,10 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         shard_.all_gather(b.full, mine);  // strategies 0-2 hold the full weights
         b.main = md_ == cd_ ? (strategy_ == 0 ? b.full : mine) : (strategy_ == 0 ? b.full : mine).to(md_);
       }
-      if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, opt(gd_));
-      b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, opt(gd_));
+      if (!b.frozen) {
+        if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, opt(gd_));
+        b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, opt(gd_));
+      }
       return;
     }
     b.full = at::zeros({b.padded}, opt(cd_));
@@ -606,8 +630,10 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       at::Tensor mine = b.full.narrow(0, r_ * b.shard, b.shard);
       b.main = md_ == cd_ ? mine : mine.to(md_);
     }
-    if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, opt(gd_));
-    b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, opt(gd_));
+    if (!b.frozen) {
+      if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, opt(gd_));
+      b.grad_shard = strategy_ == 0 ? b.grad_full : at::zeros({b.shard}, opt(gd_));
+    }
     (void)index;
   }
 
@@ -622,7 +648,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       OptimSlot s;
       s.name = info.name;
       s.weight = b.main.narrow(0, lo - lo_shard, hi - lo);
-      s.grad = b.grad_shard.narrow(0, lo - lo_shard, hi - lo);
+      if (!b.frozen) s.grad = b.grad_shard.narrow(0, lo - lo_shard, hi - lo);
+      s.frozen = b.frozen;
       s.decay = params[pi].tensor.dim() >= 2 || cfg.optimizer.decay_norm_and_bias;
       slots_.push_back(s);
       slot_param_.push_back(int(pi));
@@ -637,7 +664,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     if (tp_.size() == 1) return;
     std::vector<at::Tensor> parts;
     for (size_t i = 0; i < slots_.size(); ++i)
-      if (model_.params()[slot_param_[i]].tp_grad_sum) parts.push_back(slots_[i].grad.reshape({-1}));
+      if (model_.params()[slot_param_[i]].tp_grad_sum && !slots_[i].frozen) parts.push_back(slots_[i].grad.reshape({-1}));
     if (parts.empty()) return;
     at::Tensor packed = at::cat(parts);
     FlightRecorder::instance().set_tag("sum sequence-parallel gradients over tp");

@@ -102,9 +102,17 @@ struct RngStash {
   }
 };
 
+// A reentrant checkpoint's output requires grad only when one of its inputs does; the unit's own
+// parameters are not inputs. When nothing before the unit trains (model.frozen: a frozen embedding
+// and frozen first layers), its input needs no gradient, and without help its trainable parameters
+// would silently get none. So a unit with trainable parameters gets one more input, an empty tensor
+// that requires grad (torch.utils.checkpoint's reentrant variant has the same trap and leaves it
+// to the user); `dummy` says whether the last input is it.
 struct Checkpoint : public torch::autograd::Function<Checkpoint> {
-  static variable_list forward(AutogradContext* ctx, c10::IValue module, at::TensorList inputs) {
+  static variable_list forward(AutogradContext* ctx, c10::IValue module, at::TensorList all_inputs, bool dummy) {
+    at::TensorList inputs = dummy ? all_inputs.slice(0, all_inputs.size() - 1) : all_inputs;
     ctx->saved_data["module"] = module;
+    ctx->saved_data["dummy"] = dummy;
     ctx->save_for_backward(variable_list(inputs.begin(), inputs.end()));
     RngStash rng = RngStash::take(inputs);
     ctx->saved_data["rng_cpu"] = rng.cpu;
@@ -149,12 +157,28 @@ struct Checkpoint : public torch::autograd::Function<Checkpoint> {
     torch::autograd::backward({out}, {grads[0]});
     variable_list result{at::Tensor()};  // no gradient for the module argument
     for (auto& d : detached) result.push_back(d.requires_grad() ? d.grad() : at::Tensor());
+    if (ctx->saved_data["dummy"].toBool()) result.push_back(at::Tensor());
+    result.push_back(at::Tensor());  // nor for the flag
     return result;
   }
 };
 
 std::vector<at::Tensor> checkpoint_autograd(c10::IValue module, at::TensorList inputs) {
-  return Checkpoint::apply(module, inputs);
+  bool needs_dummy = false;
+  if (at::GradMode::is_enabled()) {
+    bool input_requires = false;
+    for (const auto& t : inputs) input_requires = input_requires || (t.defined() && t.requires_grad());
+    if (!input_requires)
+      for (const auto& p : torch::jit::Module(module.toObject()).parameters(/*recurse=*/true))
+        if (p.requires_grad()) {
+          needs_dummy = true;
+          break;
+        }
+  }
+  if (!needs_dummy) return Checkpoint::apply(module, inputs, false);
+  std::vector<at::Tensor> with_dummy(inputs.begin(), inputs.end());
+  with_dummy.push_back(at::empty({0}, inputs.empty() ? at::TensorOptions() : inputs[0].options()).requires_grad_(true));
+  return Checkpoint::apply(module, at::TensorList(with_dummy), true);
 }
 std::vector<at::Tensor> checkpoint_plain(c10::IValue module, at::TensorList inputs) {
   torch::jit::Module m(module.toObject());

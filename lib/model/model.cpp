@@ -55,9 +55,10 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   m.on_meta_ = on_meta;
   m.device_ = device;
   try {
-    torch::jit::ExtraFilesMap extra{{"mfsdp/tp_plan.json", ""}};
+    torch::jit::ExtraFilesMap extra{{"mfsdp/tp_plan.json", ""}, {"mfsdp/trainable.json", ""}};
     m.module_ = torch::jit::load(path, on_meta ? c10::Device(c10::kMeta) : device, extra);
     m.stored_tp_plan_ = extra["mfsdp/tp_plan.json"];
+    m.stored_trainable_ = extra["mfsdp/trainable.json"];
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     throw UserError(path + ": cannot load this TorchScript model (model.path): " + what.substr(0, what.find('\n')));

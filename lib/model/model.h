@@ -20,6 +20,7 @@ struct ModelParam {
   TpSplit tp;                       // tensor-parallel split (tensor holds this rank's slice)
   bool tp_grad_sum = false;         // replicated over TP but fed sequence-split activations:
                                     // its gradient is summed across the TP group
+  bool frozen = false;              // model.trainable / model.frozen: no gradient, no optimizer state
   std::vector<int64_t> global_shape() const { return tp.split() ? tp.global_shape : tensor.sizes().vec(); }
   int64_t global_numel() const;
 };
@@ -51,6 +52,15 @@ class Model {
   // The tensor-parallel plan the exporter stored in the file (extra file "mfsdp/tp_plan.json", a
   // JSON object glob -> style), or "" when it has none.
   const std::string& stored_tp_plan() const { return stored_tp_plan_; }
+  // The parameters the exporter marked trainable (extra file "mfsdp/trainable.json", a JSON list of
+  // names: a PEFT model's adapters), or "" when it has none.
+  const std::string& stored_trainable() const { return stored_trainable_; }
+  // Applies model.trainable / model.frozen (and the stored list when model.trainable is not set):
+  // frozen parameters stop requiring gradients. Call after every step that replaces parameter
+  // tensors (cast, tensor parallelism), before the engine is built. Throws a ConfigError for a glob
+  // that matches no parameter or a selection that leaves nothing to train. Returns a log line, or
+  // "" when every parameter trains.
+  std::string apply_trainable(const Config& cfg);
 
   // Chooses the FSDP units: `patterns` (class names, qualified class names or module-path globs,
   // outermost match wins) or, when null, the largest set of repeated sibling modules. Throws a
@@ -83,6 +93,7 @@ class Model {
   bool on_meta_ = false;
   c10::Device device_{c10::kCPU};
   std::string stored_tp_plan_;
+  std::string stored_trainable_;
 };
 
 // "__torch__.___torch_mangle_3.Block" -> "Block"; "__torch__.model.Block" -> "model.Block" kept

@@ -29,8 +29,8 @@ class Adam final : public Optimizer {
   void ensure(const std::vector<OptimSlot>& slots) {
     if (!m_.empty()) return;
     for (auto& s : slots) {
-      m_.push_back(at::zeros_like(s.weight, at::kFloat));
-      v_.push_back(at::zeros_like(s.weight, at::kFloat));
+      m_.push_back(s.frozen ? at::Tensor() : at::zeros_like(s.weight, at::kFloat));
+      v_.push_back(s.frozen ? at::Tensor() : at::zeros_like(s.weight, at::kFloat));
     }
   }
   std::vector<std::string> state_kinds() const override { return {"exp_avg", "exp_avg_sq"}; }
@@ -47,6 +47,7 @@ class Adam final : public Optimizer {
     const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
     for (size_t i = 0; i < slots.size(); ++i) {
       auto& s = slots[i];
+      if (s.frozen) continue;
       const double wd = s.decay ? c_.weight_decay : 0.0;
       at::Tensor g = s.grad.scalar_type() == at::kFloat ? s.grad : s.grad.to(at::kFloat);
       update_fp32(s.weight, [&](at::Tensor& w) {
@@ -64,6 +65,7 @@ class Adam final : public Optimizer {
   std::vector<std::pair<std::string, at::Tensor>> state() override {
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (size_t i = 0; i < m_.size(); ++i) {
+      if (!m_[i].defined()) continue;
       out.emplace_back("exp_avg." + std::to_string(i), m_[i]);
       out.emplace_back("exp_avg_sq." + std::to_string(i), v_[i]);
     }
@@ -83,6 +85,7 @@ class Sgd final : public Optimizer {
   std::vector<std::string> state_kinds() const override { return {"momentum_buffer"}; }
   at::Tensor slot_state(const std::string&, size_t slot, const std::vector<OptimSlot>& slots) override {
     if (buf_.empty()) buf_.resize(slots.size());
+    if (slots[slot].frozen) return at::Tensor();
     // A zero buffer is what the first step would start from: 0 * momentum + g = g.
     if (!buf_.at(slot).defined()) buf_[slot] = at::zeros_like(slots[slot].weight, at::kFloat);
     return buf_[slot];
@@ -92,6 +95,7 @@ class Sgd final : public Optimizer {
     ++step_;
     for (size_t i = 0; i < slots.size(); ++i) {
       auto& s = slots[i];
+      if (s.frozen) continue;
       const double wd = s.decay ? c_.weight_decay : 0.0;
       at::Tensor g = s.grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
       update_fp32(s.weight, [&](at::Tensor& w) {

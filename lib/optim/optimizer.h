@@ -17,6 +17,7 @@ struct OptimSlot {
   at::Tensor weight;  // main weights (updated in place); fp32, or the compute dtype without fp32 copies
   at::Tensor grad;    // main gradients, same shape
   bool decay = true;  // weight decay applies
+  bool frozen = false;  // model.frozen: no gradient (grad undefined), no state; the optimizer skips it
 };
 
 class Optimizer {
@@ -29,7 +30,8 @@ class Optimizer {
   // Named state tensors (for memory accounting): "exp_avg.<slot>", ...
   virtual std::vector<std::pair<std::string, at::Tensor>> state() = 0;
   // Checkpoints: the kinds of per-slot state ("exp_avg", "exp_avg_sq" / "momentum_buffer") and
-  // each slot's tensor of a kind, allocated (zeros) on first use so that a loaded run can fill it.
+  // each slot's tensor of a kind, allocated (zeros) on first use so that a loaded run can fill it;
+  // undefined for a frozen slot.
   virtual std::vector<std::string> state_kinds() const = 0;
   virtual at::Tensor slot_state(const std::string& kind, size_t slot, const std::vector<OptimSlot>& slots) = 0;
 

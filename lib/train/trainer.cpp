@@ -231,7 +231,8 @@ class Trainer {
 
     tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
     cp_ = apply_context_parallel(*model_, cfg_, *pg_);  // replaces attention-core calls
-    for (const std::string& line : {tp_->describe(), cp_->describe()})
+    const std::string trainable = model_->apply_trainable(cfg_);  // after TP: it replaces parameters
+    for (const std::string& line : {tp_->describe(), cp_->describe(), trainable})
       if (!line.empty()) log(line);
     engine_ = make_engine(*model_, cfg_, *pg_);  // rewrites the unit graphs: before any forward
     log(engine_->describe());
@@ -266,6 +267,7 @@ class Trainer {
         TrainerState st = ckpt_->load(*dir);
         start_step_ = st.step;
         log(fmt::format("resumed from {} at step {} ({} samples consumed)", *dir, st.step, st.consumed_samples));
+        if (!st.note.empty()) log("checkpoint: " + st.note);
       }
     }
     if (!cfg_.model.init_from.empty()) {
@@ -517,7 +519,7 @@ class Trainer {
     if (!m.skipped) {
       at::NoGradGuard ng;
       optimizer_->step(engine_->slots(), m.lr);
-      engine_->install_weights();
+      engine_->install_weights(/*trainable_only=*/true);
     }
     // The next step's batches, read by the host while the device runs the optimizer.
     if (step + 1 < cfg_.training.max_steps) {

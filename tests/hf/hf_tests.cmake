@@ -52,6 +52,44 @@ set(_qwen3_unsummed "{\"model.layers.*.self_attn.q_proj\": colwise, \"model.laye
 mfsdp_hf_run(hf_qwen3_tp2_norms_unsummed 2 qwen3 distributed.tp_size=2 "distributed.tp_plan=${_qwen3_unsummed}")
 mfsdp_oracle(hf_catches_unsummed_norms RUNS hf_qwen3_tp2_norms_unsummed ARGS --expect-differ)
 
+# Fine-tuning with frozen parameters (model.frozen / model.trainable; DESIGN.md section 13): no
+# gradients, no optimizer state, no reduction, still sharded. PyTorch trains the same transformers
+# model with requires_grad off on the same parameters; the final weights (frozen ones unchanged)
+# are judged too. Activation checkpointing behind a frozen embedding and first layer (the unit's
+# input needs no gradient); a tied embedding and head trained through the head's name under TP.
+set(_frozen "model.frozen=[\"model.embed_tokens.weight\", \"model.layers.0.*\", \"*norm*\"]")
+set(frozen_runs)
+foreach(cfg "n1;1;0" "s0_n2;2;0" "s1_n4;4;1" "s2_n2;2;2")
+  list(GET cfg 0 tag)
+  list(GET cfg 1 np)
+  list(GET cfg 2 s)
+  mfsdp_hf_run(hf_llama_frozen_${tag} ${np} llama distributed.zero_dp_strategy=${s} "${_frozen}")
+  list(APPEND frozen_runs hf_llama_frozen_${tag})
+endforeach()
+mfsdp_hf_run(hf_llama_frozen_ac_s3_n2 2 llama distributed.zero_dp_strategy=3 distributed.activation_checkpointing=true
+             "${_frozen}")
+mfsdp_hf_run(hf_qwen2_trainable_tp2_s3_n4 4 qwen2 distributed.tp_size=2 distributed.zero_dp_strategy=3
+             "model.trainable=[\"*.self_attn.*\", \"lm_head.weight\"]")
+list(APPEND frozen_runs hf_llama_frozen_ac_s3_n2 hf_qwen2_trainable_tp2_s3_n4)
+mfsdp_exported_run(hf_llama_frozen_final_s3_n4 4 main final.safetensors model.path=${HFX}/llama.pt
+                   distributed.zero_dp_strategy=3 "${_frozen}")
+set_tests_properties(run_hf_llama_frozen_final_s3_n4 PROPERTIES FIXTURES_REQUIRED "train;hf_models")
+mfsdp_exported_run(hf_gemma_frozen_final_hsdp_s3_n4 4 main final.safetensors model.path=${HFX}/gemma.pt
+                   distributed.zero_dp_strategy=3 distributed.dp_replicate_size=2 distributed.disable_bucketing=true
+                   "model.trainable=[\"model.layers.1.mlp.*\"]")
+set_tests_properties(run_hf_gemma_frozen_final_hsdp_s3_n4 PROPERTIES FIXTURES_REQUIRED "train;hf_models")
+list(APPEND frozen_runs hf_llama_frozen_final_s3_n4 hf_gemma_frozen_final_hsdp_s3_n4)
+mfsdp_oracle(hf_frozen RUNS ${frozen_runs})
+add_test(NAME frozen_glob_matches_nothing
+         COMMAND ${EXPECT} 2 "model.frozen=.*'*.layer.0.*' matches no parameter of .*llama.pt \\(parameters are named like model.embed_tokens.weight" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/frozen_bad1
+                 "model.frozen=[\"*.layer.0.*\"]")
+add_test(NAME frozen_everything
+         COMMAND ${EXPECT} 2 "no parameter of .*llama.pt is left to train" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/frozen_bad2
+                 "model.frozen=[\"*\"]")
+set_tests_properties(frozen_glob_matches_nothing frozen_everything PROPERTIES FIXTURES_REQUIRED "train;hf_models")
+
 # What is not supported says so (never a silently wrong run): sequence parallelism (HF attention
 # takes its sequence length from its input), context parallelism of a sliding-window model (its
 # mask is not causal), TP of a family whose plan mfsdp cannot apply.

@@ -249,7 +249,7 @@ def megatron_lr(cfg, n):
 # --------------------------------------------------------------------------- the reference run
 # Settings that change what is computed (anything else is layout: mesh, strategy, overlap, ...).
 RELEVANT = {
-    "model": ["path", "compute_dtype", "init_from", "init_from_rename"],
+    "model": ["path", "compute_dtype", "init_from", "init_from_rename", "trainable", "frozen"],
     "distributed": ["calculate_per_token_loss"],
     "data": None, "training": ["max_steps", "global_batch_size", "micro_batch_size", "seq_length", "seed", "clip_grad"],
     "optimizer": None, "lr_scheduler": None,
@@ -286,6 +286,33 @@ def unique_params(module):
             seen.add(id(p))
             out.append((name, p))
     return out
+
+
+def glob_re(glob):
+    """mfsdp's globs: * any run of characters (dots too), ? one character, nothing else special."""
+    import re
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob) + r"\Z")
+
+
+def trainable_names(cfg, model, path):
+    """model.trainable (globs; default: the file's mfsdp/trainable.json, else every parameter) less
+    model.frozen (globs), over unique parameters and their tied aliases, as mfsdp selects them."""
+    names = {}  # first name -> all names of the tensor
+    seen = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        first = seen.setdefault(id(p), n)
+        names.setdefault(first, []).append(n)
+    trainable, frozen = cfg["model"].get("trainable"), cfg["model"].get("frozen") or []
+    if trainable is None:
+        extra = {"mfsdp/trainable.json": ""}
+        torch.jit.load(path, map_location="cpu", _extra_files=extra)
+        stored = json.loads(extra["mfsdp/trainable.json"]) if extra["mfsdp/trainable.json"] else None
+        chosen = set(names) if stored is None else {f for f, al in names.items() if set(al) & set(stored)}
+    else:
+        pats = [glob_re(g) for g in trainable]
+        chosen = {f for f, al in names.items() if any(p.match(a) for p in pats for a in al)}
+    pats = [glob_re(g) for g in frozen]
+    return {f for f in chosen if not any(p.match(a) for p in pats for a in names[f])}
 
 
 def make_optimizer(cfg, named):
@@ -375,11 +402,16 @@ def reference_run(cfg):
         load_init_from(cfg, model)
         what += ", initial weights from model.init_from"
     model.train()
-    named = unique_params(model)
+    train = trainable_names(cfg, model, cfg["model"]["path"])
+    every = unique_params(model)
+    for n, p in every:
+        p.requires_grad_(n in train)
+    named = [(n, p) for n, p in every if n in train]
     if bf16:  # fp32 main weights stepped by the optimizer; the model computes in bf16
         main = [(n, p.detach().clone().float().requires_grad_(True)) for n, p in named]
         model = model.to(torch.bfloat16)
-        named = unique_params(model)
+        every = unique_params(model)
+        named = [(n, p) for n, p in every if n in train]
     else:
         main = named
     opt = make_optimizer(cfg, main)
@@ -435,6 +467,8 @@ def reference_run(cfg):
         out["grad_norm"].append(norm)
         out["lr"].append(lr)
     out["weights"] = {n: p.detach().float().clone() for n, p in main}
+    for n, p in every:  # frozen ones: unchanged, and judged too
+        out["weights"].setdefault(n, p.detach().float().clone())
     return out
 
 
