@@ -9,6 +9,11 @@ Run with the project's python (.venv, made by scripts/setup.sh, which installs t
     # a small config given on the command line: a model type and config keys
     .venv/bin/python scripts/export_hf.py --family llama --set hidden_size=256 num_hidden_layers=4 \\
         num_attention_heads=4 num_key_value_heads=2 intermediate_size=688 vocab_size=32000 --out llama.pt
+    # LoRA (PEFT): the model wrapped by peft.get_peft_model; mfsdp then trains the adapters only
+    .venv/bin/python scripts/export_hf.py --model-dir ~/models/Qwen2.5-0.5B --lora-r 16 --lora-alpha 32 \
+        --lora-targets q_proj k_proj v_proj o_proj --out qwen_lora.pt
+    # an existing PEFT adapter directory (adapter_config.json, adapter_model.safetensors), trained on
+    .venv/bin/python scripts/export_hf.py --model-dir ~/models/Qwen2.5-0.5B --adapter-dir ./my_adapter --out q.pt
 Nothing is downloaded: a model directory must be on disk (transformers runs with local_files_only).
 
 What the file holds:
@@ -24,7 +29,11 @@ What the file holds:
     module globs under the base model's prefix; colwise, rowwise and replicated_with_grad_allreduce
     kept), plus a vocab-parallel embedding and a colwise output head; styles mfsdp cannot apply
     (colwise_gather_output, rowwise_split_input, ...) drop the plan, with a note;
-  - mfsdp/hf_export.json: the family, the class, the transformers and torch versions.
+  - mfsdp/hf_export.json: the family, the class, the transformers and torch versions;
+  - with LoRA: the PeftModel itself (PEFT's names, base_model.model.model.layers.N...q_proj.lora_A.default
+    .weight), mfsdp/trainable.json (the parameters PEFT leaves trainable: mfsdp's default
+    model.trainable) and mfsdp/adapter_config.json (PEFT's, for `mfsdp export --only-trainable`).
+    No tensor-parallel plan is stored for a LoRA model (not supported yet).
 The trace is checked: the traced model and the HF model give the same logits on a batch of another
 shape than the one traced (a shape baked into the trace fails the export).
 
@@ -80,6 +89,49 @@ def derive_tp_plan(model):
         head_name = next(n for n, m in model.named_modules() if m is head)
         plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
     return plan, f"tensor-parallel plan from {type(model.config).__name__}.base_model_tp_plan ({len(plan)} entries)"
+
+
+def wrap_lora(model, args):
+    """The model wrapped by PEFT (a new LoRA adapter, or --adapter-dir's, trainable); returns it and
+    the adapter_config.json PEFT would write (through save_pretrained: its own format)."""
+    import tempfile
+    import torch
+    try:
+        import peft
+    except ImportError:
+        sys.exit("export_hf: LoRA needs peft (scripts/setup.sh installs it into .venv)")
+    if args.adapter_dir:
+        if not os.path.exists(os.path.join(args.adapter_dir, "adapter_config.json")):
+            sys.exit(f"export_hf: --adapter-dir {args.adapter_dir}: no adapter_config.json")
+        wrapped = peft.PeftModel.from_pretrained(model, args.adapter_dir, is_trainable=True)
+        pc = wrapped.peft_config["default"]
+        if getattr(pc, "peft_type", None) != peft.PeftType.LORA:
+            sys.exit(f"export_hf: --adapter-dir {args.adapter_dir}: a {pc.peft_type} adapter; only LoRA is supported")
+    else:
+        kw = {"r": args.lora_r, "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}
+        if args.lora_alpha is not None:
+            kw["lora_alpha"] = args.lora_alpha
+        if args.lora_targets:
+            kw["target_modules"] = args.lora_targets
+        try:
+            wrapped = peft.get_peft_model(model, peft.LoraConfig(**kw))
+        except ValueError as e:
+            sys.exit(f"export_hf: LoRA: {e}")
+        pc = wrapped.peft_config["default"]
+    if pc.lora_dropout:
+        print(f"export_hf: lora_dropout {pc.lora_dropout} -> 0 (a trace fixes dropout)", file=sys.stderr)
+        pc.lora_dropout = 0.0
+        for m in wrapped.modules():
+            if isinstance(getattr(m, "lora_dropout", None), torch.nn.ModuleDict):
+                for k in m.lora_dropout:
+                    m.lora_dropout[k] = torch.nn.Identity()
+    if getattr(pc, "use_dora", False):
+        sys.exit("export_hf: DoRA adapters are not supported yet (only plain LoRA: lora_A, lora_B)")
+    with tempfile.TemporaryDirectory() as d:
+        wrapped.peft_config["default"].save_pretrained(d)
+        with open(os.path.join(d, "adapter_config.json")) as f:
+            adapter_config = json.load(f)
+    return wrapped, adapter_config
 
 
 def build_config(args):
@@ -146,8 +198,19 @@ def main(argv=None):
     ap.add_argument("--trace-len", type=int, default=16, help="sequence length of the tracing batch")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--state-dict", help="also torch.save the initial state_dict here")
+    ap.add_argument("--lora-r", type=int, help="wrap the model with a PEFT LoRA adapter of this rank")
+    ap.add_argument("--lora-alpha", type=float, help="LoRA alpha (default: PEFT's, 8)")
+    ap.add_argument("--lora-targets", nargs="+", metavar="MODULE",
+                    help="module names to adapt (default: PEFT's choice for the family, e.g. q_proj v_proj)")
+    ap.add_argument("--adapter-dir", help="an existing PEFT adapter directory to train on (adapter_config.json)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.adapter_dir and args.lora_r:
+        sys.exit("export_hf: --adapter-dir brings its own LoRA config; give it or --lora-r, not both")
+    if (args.lora_alpha is not None or args.lora_targets) and not args.lora_r:
+        sys.exit("export_hf: --lora-alpha and --lora-targets need --lora-r")
+    if args.lora_r is not None and args.lora_r < 1:
+        sys.exit(f"export_hf: --lora-r {args.lora_r}: expected a rank >= 1")
 
     import torch
     import transformers
@@ -172,6 +235,10 @@ def main(argv=None):
     else:
         model = AutoModelForCausalLM.from_config(cfg, attn_implementation=args.attention, dtype=torch.float32)
     model = model.eval()
+    hf_model = model
+    adapter_config = None
+    if args.lora_r or args.adapter_dir:
+        model, adapter_config = wrap_lora(model, args)
     if dtype != torch.float32:
         model = model.to(dtype)
 
@@ -200,28 +267,42 @@ def main(argv=None):
                  f"(max difference {diff}): this family computes with a traced constant; export it by hand "
                  "(README \"Model contract\")")
 
-    plan, note = (None, "no tensor-parallel plan (--tp-plan none)") if args.tp_plan == "none" else derive_tp_plan(model)
+    if args.tp_plan == "none":
+        plan, note = None, "no tensor-parallel plan (--tp-plan none)"
+    elif adapter_config is not None:
+        plan, note = None, "no tensor-parallel plan: LoRA models do not support tensor parallelism yet"
+    else:
+        plan, note = derive_tp_plan(model)
     print(f"export_hf: {note}", file=sys.stderr)
     hf_config = cfg.to_dict()
-    hf_config["architectures"] = [type(model).__name__]
+    hf_config["architectures"] = [type(hf_model).__name__]
     hf_config["torch_dtype"] = "float32" if dtype == torch.float32 else "bfloat16"
     extra = {
         "mfsdp/hf_config.json": json.dumps(hf_config, indent=1, sort_keys=True, default=str),
         "mfsdp/hf_export.json": json.dumps({
-            "family": cfg.model_type, "class": type(model).__name__, "attention": args.attention,
+            "family": cfg.model_type, "class": type(hf_model).__name__, "attention": args.attention,
+            "peft": adapter_config is not None,
             "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
             "source": os.path.abspath(args.model_dir) if args.model_dir else None,
             "weights": "random" if (args.random_init or not args.model_dir) else "model directory"}, indent=1),
     }
     if plan:
         extra["mfsdp/tp_plan.json"] = json.dumps(plan, indent=1)
+    if adapter_config is not None:
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        extra["mfsdp/trainable.json"] = json.dumps(trainable, indent=1)
+        extra["mfsdp/adapter_config.json"] = json.dumps(adapter_config, indent=1, sort_keys=True)
     tmp = args.out + ".tmp"
     traced.save(tmp, _extra_files=extra)
     os.replace(tmp, args.out)
     if args.state_dict:
         torch.save(model.state_dict(), args.state_dict)
     n = sum(p.numel() for p in model.parameters())
-    print(f"wrote {args.out}: {type(model).__name__} ({cfg.model_type}), {n} parameters, traced, "
+    lora = ""
+    if adapter_config is not None:
+        k = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        lora = f", LoRA r={adapter_config['r']} on {', '.join(sorted(adapter_config['target_modules']))}: {k} trainable"
+    print(f"wrote {args.out}: {type(hf_model).__name__} ({cfg.model_type}), {n} parameters{lora}, traced, "
           f"{'tp plan stored' if plan else 'no tp plan'}")
 
 

@@ -52,9 +52,10 @@ fi
 # The reference tokenizer libraries (tests hold prepare-data to them), pinned.
 REF_TOKENIZERS=(tokenizers==0.23.3 tiktoken==0.14.0 sentencepiece==0.2.3)
 # Hugging Face models: scripts/export_hf.py builds them, the oracle trains them, export --format hf
-# output is loaded back by from_pretrained (tests/hf).
-HF_PACKAGES=(transformers==5.24.0 safetensors==0.8.0)
-have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, tensorboard, tokenizers, tiktoken, sentencepiece, transformers, safetensors, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION' or tokenizers.__version__ != '0.23.3' or transformers.__version__ != '5.24.0')" 2>/dev/null; }
+# output is loaded back by from_pretrained (tests/hf); peft wraps models with LoRA adapters
+# (export_hf.py --lora-r), trains them in the oracle and loads the adapters mfsdp writes.
+HF_PACKAGES=(transformers==5.24.0 safetensors==0.8.0 peft==0.21.2)
+have_torch() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import torch, numpy, yaml, tensorboard, tokenizers, tiktoken, sentencepiece, transformers, safetensors, peft, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION' or tokenizers.__version__ != '0.23.3' or transformers.__version__ != '5.24.0' or peft.__version__ != '0.21.2')" 2>/dev/null; }
 if ! have_torch; then
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
   echo "setup: installing torch==$TORCH_VERSION into $VENV (about 4 GB with its CUDA libraries)"

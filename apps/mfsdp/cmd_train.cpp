@@ -162,7 +162,8 @@ Runner add_export(CLI::App& cmd) {
   cmd.add_option("-o,--out", *out, "Output file")->required();
   cmd.add_option("--format", *format,
                  "safetensors (consolidated weights), torchscript (the model with them) or hf (a Hugging Face model "
-                 "directory: config.json + model.safetensors, for a model from scripts/export_hf.py)")
+                 "directory: config.json + model.safetensors, for a model from scripts/export_hf.py; a LoRA model's adapters "
+                 "merged in)")
       ->check(CLI::IsMember({"safetensors", "torchscript", "hf"}))
       ->capture_default_str();
   auto dtype = std::make_shared<std::string>();
@@ -178,13 +179,18 @@ Runner add_export(CLI::App& cmd) {
                  "What to write: main (the weights) or an optimizer state (exp_avg, exp_avg_sq, momentum_buffer), "
                  "under the parameters' names")
       ->capture_default_str();
-  return [dir, out, format, model, state, dtype, shard]() {
+  auto only_trainable = std::make_shared<bool>(false);
+  cmd.add_flag("--only-trainable", *only_trainable,
+               "Only the parameters the run trained (not model.frozen): with --format hf for a LoRA model from "
+               "scripts/export_hf.py, PEFT's adapter directory (adapter_model.safetensors + adapter_config.json)");
+  return [dir, out, format, model, state, dtype, shard, only_trainable]() {
     if (*format == "hf") {
       if (*state != "main") throw UserError("export --format hf writes the weights (--state main), not " + *state);
-      export_checkpoint_hf(*dir, *out, *model, *dtype, parse_byte_size(*shard, "export --max-shard-size"));
+      export_checkpoint_hf(*dir, *out, *model, *dtype, parse_byte_size(*shard, "export --max-shard-size"),
+                           *only_trainable);
     } else {
       if (!dtype->empty()) throw UserError("export --dtype: only with --format hf");
-      export_checkpoint(*dir, *out, *format, *model, *state);
+      export_checkpoint(*dir, *out, *format, *model, *state, *only_trainable);
     }
     std::printf("wrote %s (%s) from %s\n", out->c_str(), format->c_str(), dir->c_str());
     return 0;

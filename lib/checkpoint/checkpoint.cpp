@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
@@ -618,7 +621,9 @@ std::string resolve_step_dir(const std::string& given) {
 }  // namespace
 
 void export_checkpoint(const std::string& given, const std::string& out, const std::string& format,
-                       const std::string& model_path, const std::string& state) {
+                       const std::string& model_path, const std::string& state, bool only_trainable) {
+  if (only_trainable && format != "safetensors")
+    throw UserError("export --only-trainable: with --format safetensors (the trainable weights) or hf (a PEFT adapter)");
   const std::string dir = resolve_step_dir(given);
   json index = read_index(dir);
   if (state != "main") {
@@ -632,7 +637,8 @@ void export_checkpoint(const std::string& given, const std::string& out, const s
   std::vector<std::pair<std::string, at::Tensor>> weights;  // every name, aliases included
   std::vector<std::pair<std::string, at::Tensor>> unique;
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
-    if (state != "main" && it.value().value("frozen", false)) continue;  // frozen: no optimizer state
+    // Frozen: no optimizer state; --only-trainable: only what the run trained.
+    if ((state != "main" || only_trainable) && it.value().value("frozen", false)) continue;
     auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -693,8 +699,207 @@ const char* hf_dtype_name(at::ScalarType t) {
 
 }  // namespace
 
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// PEFT's names in a model file (export_hf.py wraps the transformers model in a PeftModel):
+//   base_model.model.<hf module>.base_layer.weight        the adapted layer's own weight
+//   base_model.model.<hf module>.lora_A.<adapter>.weight  [r, in]
+//   base_model.model.<hf module>.lora_B.<adapter>.weight  [out, r]
+//   base_model.model.<hf name>                             everything else
+constexpr const char* kPeftPrefix = "base_model.model.";
+
+// The transformers name of a PEFT base-model parameter: prefix and ".base_layer" removed.
+std::string hf_name_of_peft(const std::string& name) {
+  std::string n = name.rfind(kPeftPrefix, 0) == 0 ? name.substr(std::strlen(kPeftPrefix)) : name;
+  auto at = n.find(".base_layer.");
+  if (at != std::string::npos) n.erase(at, std::strlen(".base_layer"));
+  return n;
+}
+
+// ".lora_A.default.weight" -> ("lora_A", "default"); empty when `name` is no LoRA parameter.
+std::pair<std::string, std::string> lora_part(const std::string& name, std::string* module) {
+  for (const char* ab : {".lora_A.", ".lora_B."}) {
+    auto at = name.find(ab);
+    if (at == std::string::npos) continue;
+    const size_t rest = at + std::strlen(ab);
+    auto dot = name.find('.', rest);
+    if (dot == std::string::npos || name.substr(dot) != ".weight") return {};
+    if (module) *module = name.substr(0, at);
+    return {std::string(ab).substr(1, 6), name.substr(rest, dot - rest)};
+  }
+  return {};
+}
+
+// One tensor of a Hugging Face directory being written: its name, shape and how to read it.
+struct HfEntry {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::function<at::Tensor()> read;
+  int64_t bytes = 0;
+};
+
+// Writes `entries` into `out` (new, or an empty directory) as `stem`.safetensors, or as shards of at
+// most max_shard_bytes (in entry order; a larger tensor gets one of its own) with
+// `stem`.safetensors.index.json, plus the given text files. One tensor in memory at a time; written
+// under a temporary name and renamed, so a failed export leaves nothing.
+void write_hf_dir(const std::string& out, std::vector<HfEntry>& entries, at::ScalarType dtype, int64_t max_shard_bytes,
+                  const std::string& stem, const std::vector<std::pair<std::string, std::string>>& files) {
+  int64_t total = 0;
+  for (auto& e : entries) {
+    int64_t n = 1;
+    for (int64_t d : e.shape) n *= d;
+    e.bytes = n * int64_t(c10::elementSize(dtype));
+    total += e.bytes;
+  }
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t in_shard = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (in_shard > 0 && in_shard + entries[i].bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += entries[i].bytes;
+  }
+  const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  try {
+    json weight_map = json::object();
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const std::string file = shards.size() == 1 ? stem + ".safetensors"
+                                                  : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, s + 1, shards.size());
+      std::vector<SafetensorsSpec> specs;
+      for (size_t i : shards[s]) {
+        specs.push_back({entries[i].name, dtype, entries[i].shape});
+        weight_map[entries[i].name] = file;
+      }
+      write_safetensors_streamed(tmp + "/" + file, specs, [&](size_t k) { return entries[shards[s][k]].read(); },
+                                 {{"format", "pt"}});
+    }
+    if (shards.size() > 1)
+      write_text_atomically(tmp + "/" + stem + ".safetensors.index.json",
+                            json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
+    for (const auto& [name, text] : files) write_text_atomically(tmp + "/" + name, text);
+    if (fs::exists(out)) fs::remove(out);  // an empty directory
+    fs::rename(tmp, out);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+// Every name of parameter `it` of the index, a tied output head left out when the config ties it
+// (transformers ties it again when it loads, as save_pretrained writes it).
+std::vector<std::string> names_to_write(const json::const_iterator& it, bool tied) {
+  std::vector<std::string> names{it.key()};
+  for (const auto& a : it.value()["aliases"]) names.push_back(a.get<std::string>());
+  if (tied && names.size() > 1) {
+    std::vector<std::string> kept;
+    for (const auto& n : names)
+      if (!ends_with(n, "lm_head.weight")) kept.push_back(n);
+    if (!kept.empty()) names = {kept.front()};
+  }
+  return names;
+}
+
+// A checkpoint of a PEFT LoRA model out as Hugging Face files: merged weights (W + s B A, s =
+// lora_alpha / r, or / sqrt(r) with use_rslora; transposed for fan_in_fan_out layers such as GPT-2's
+// Conv1D) in the transformers model's names, or with only_trainable the adapters in PEFT's layout.
+void export_peft(const std::string& dir, const json& index, const std::string& out, const std::string& path,
+                 json hf, json peft, at::ScalarType dtype, int64_t max_shard_bytes, bool only_trainable) {
+  auto reader = std::make_shared<PieceReader>(dir, index);
+  auto full = [reader, &index](const std::string& param) {
+    const auto shape = index["params"].at(param).at("shape").get<std::vector<int64_t>>();
+    return read_full_param(*reader, index, "main", param).view(shape);
+  };
+  // module -> its lora_A / lora_B parameter (the checkpoint's name); one adapter per module
+  std::map<std::string, std::pair<std::string, std::string>> adapters;
+  for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
+    std::string module;
+    auto [ab, adapter] = lora_part(it.key(), &module);
+    if (ab.empty()) continue;
+    auto& slot = adapters[module];
+    (ab == "lora_A" ? slot.first : slot.second) = it.key();
+  }
+  for (const auto& [module, ab] : adapters)
+    if (ab.first.empty() || ab.second.empty())
+      throw UserError(path + ": LoRA layer " + module + " has " + (ab.first.empty() ? "no lora_A" : "no lora_B"));
+  std::vector<HfEntry> entries;
+  std::vector<std::pair<std::string, std::string>> files;
+  if (only_trainable) {
+    // PEFT's adapter_model.safetensors: the trainable tensors, the adapter name taken out of the key
+    // (get_peft_model_state_dict's naming: ...q_proj.lora_A.weight).
+    std::vector<std::string> frozen_lora;
+    for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
+      std::string module;
+      auto [ab, adapter] = lora_part(it.key(), &module);
+      const bool frozen = it.value().value("frozen", false);
+      if (ab.empty()) {
+        if (!frozen)
+          throw UserError(path + ": " + it.key() + " was trained but is no LoRA adapter; PEFT's adapter files hold only "
+                          "adapters (export the whole model with --format hf, or freeze it: model.frozen)");
+        continue;
+      }
+      if (frozen) frozen_lora.push_back(it.key());
+      const std::string key = module + "." + ab + ".weight";
+      const std::string param = it.key();
+      entries.push_back({key, it.value()["shape"].get<std::vector<int64_t>>(), [full, param] { return full(param); }});
+    }
+    if (!frozen_lora.empty())
+      std::fprintf(stderr, "export: note: %zu LoRA tensors were frozen in this run (model.frozen); written as they are\n",
+                   frozen_lora.size());
+    std::sort(entries.begin(), entries.end(), [](const HfEntry& a, const HfEntry& b) { return a.name < b.name; });
+    peft["inference_mode"] = true;
+    if (peft.value("base_model_name_or_path", json()).is_null() && hf.contains("_name_or_path")) {
+      peft["base_model_name_or_path"] = hf["_name_or_path"];
+    }
+    files.push_back({"adapter_config.json", peft.dump(2) + "\n"});
+    write_hf_dir(out, entries, dtype, max_shard_bytes, "adapter_model", files);
+    return;
+  }
+  // Merged: every non-LoRA parameter under its transformers name; an adapted layer's weight with
+  // its adapter's product added, in fp32 before the cast to the output dtype.
+  const double r = peft.value("r", 8.0), alpha = peft.value("lora_alpha", 8.0);
+  const double scaling = peft.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
+  const bool fan_in_fan_out = peft.value("fan_in_fan_out", false);
+  const bool tied = hf.value("tie_word_embeddings", false);
+  for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
+    if (!lora_part(it.key(), nullptr).first.empty()) continue;
+    const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
+    const std::string param = it.key();
+    std::function<at::Tensor()> read = [full, param] { return full(param); };
+    const auto base = param.find(".base_layer.weight");
+    if (base != std::string::npos && base + std::strlen(".base_layer.weight") == param.size()) {
+      auto ad = adapters.find(param.substr(0, base));
+      if (ad != adapters.end()) {
+        const std::string a = ad->second.first, b = ad->second.second;
+        read = [full, param, a, b, scaling, fan_in_fan_out] {
+          at::Tensor w = full(param).to(at::kFloat);
+          at::Tensor delta = at::matmul(full(b).to(at::kFloat), full(a).to(at::kFloat)).mul_(scaling);
+          return w.add(fan_in_fan_out ? delta.t() : delta);
+        };
+      }
+    }
+    for (const auto& name : names_to_write(it, tied)) entries.push_back({hf_name_of_peft(name), shape, read});
+  }
+  hf["torch_dtype"] = hf_dtype_name(dtype);
+  hf["dtype"] = hf_dtype_name(dtype);
+  hf["mfsdp"] = {{"checkpoint", fs::absolute(dir).string()}, {"step", index["trainer"]["step"]},
+                 {"lora", fmt::format("{} adapters merged, scaling {}", adapters.size(), scaling)}};
+  files.push_back({"config.json", hf.dump(2) + "\n"});
+  write_hf_dir(out, entries, dtype, max_shard_bytes, "model", files);
+}
+
+}  // namespace
+
 void export_checkpoint_hf(const std::string& given, const std::string& out, const std::string& model_path,
-                          const std::string& dtype_name, int64_t max_shard_bytes) {
+                          const std::string& dtype_name, int64_t max_shard_bytes, bool only_trainable) {
   const std::string dir = resolve_step_dir(given);
   json index = read_index(dir);
   const std::string path = model_path.empty() ? index["model"]["path"].get<std::string>() : model_path;
@@ -714,80 +919,42 @@ void export_checkpoint_hf(const std::string& given, const std::string& out, cons
   if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
     throw UserError(out + ": exists and is not an empty directory; export --format hf writes a new directory");
   if (max_shard_bytes <= 0) throw UserError("export --max-shard-size: must be positive");
+  json peft;  // the adapter config when the model is a PEFT LoRA model
+  if (auto text = torchscript_extra_file(path, "mfsdp/adapter_config.json")) {
+    try {
+      peft = json::parse(*text);
+    } catch (const json::exception& e) {
+      throw UserError(path + ": mfsdp/adapter_config.json is not valid JSON: " + e.what());
+    }
+    for (const char* key : {"rank_pattern", "alpha_pattern"})
+      if (peft.contains(key) && peft[key].is_object() && !peft[key].empty())
+        throw UserError(fmt::format("{}: the LoRA adapter has a {} (per-module ranks or alphas): not supported by "
+                                    "export --format hf yet", path, key));
+    if (peft.contains("modules_to_save") && !peft["modules_to_save"].is_null() && !peft["modules_to_save"].empty())
+      throw UserError(path + ": the LoRA adapter has modules_to_save: not supported by export --format hf yet");
+  }
+  if (only_trainable && peft.is_null())
+    throw UserError("export --only-trainable --format hf writes a PEFT adapter directory, but " + path +
+                    " is no LoRA model (scripts/export_hf.py --lora-r or --adapter-dir makes one); "
+                    "--format safetensors --only-trainable writes the trainable weights of any model");
+  if (!peft.is_null()) return export_peft(dir, index, out, path, hf, peft, dtype, max_shard_bytes, only_trainable);
 
-  // What to write: every parameter under its name; a tied output head only as the embedding it is
-  // tied to (transformers ties them again when it loads), as save_pretrained writes it.
+  // Every parameter under its name, from the pieces of every rank, one at a time.
   const bool tied = hf.value("tie_word_embeddings", false);
-  struct Entry {
-    std::string name, param;
-    std::vector<int64_t> shape;
-    int64_t bytes;
-  };
-  std::vector<Entry> entries;
-  int64_t total = 0;
+  auto reader = std::make_shared<PieceReader>(dir, index);
+  std::vector<HfEntry> entries;
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
-    std::vector<std::string> names{it.key()};
-    for (const auto& a : it.value()["aliases"]) names.push_back(a.get<std::string>());
-    if (tied && names.size() > 1) {
-      std::vector<std::string> kept;
-      for (const auto& n : names)
-        if (n.size() < 14 || n.compare(n.size() - 14, 14, "lm_head.weight") != 0) kept.push_back(n);
-      if (!kept.empty()) names = {kept.front()};
-    }
-    auto shape = it.value()["shape"].get<std::vector<int64_t>>();
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    for (const auto& name : names) {
-      entries.push_back({name, it.key(), shape, n * int64_t(c10::elementSize(dtype))});
-      total += entries.back().bytes;
-    }
+    const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
+    const std::string param = it.key();
+    for (const auto& name : names_to_write(it, tied))
+      entries.push_back({name, shape, [reader, &index, param, shape] {
+                           return read_full_param(*reader, index, "main", param).view(shape);
+                         }});
   }
-  // Shards in parameter order, each at most max_shard_bytes (a larger tensor gets one of its own).
-  std::vector<std::vector<size_t>> shards(1);
-  int64_t in_shard = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (in_shard > 0 && in_shard + entries[i].bytes > max_shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(i);
-    in_shard += entries[i].bytes;
-  }
-  const std::string tmp = out + ".tmp-" + std::to_string(::getpid());
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  try {
-    PieceReader reader(dir, index);
-    json weight_map = json::object();
-    for (size_t s = 0; s < shards.size(); ++s) {
-      const std::string file = shards.size() == 1 ? "model.safetensors"
-                                                  : fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
-      std::vector<SafetensorsSpec> specs;
-      for (size_t i : shards[s]) {
-        specs.push_back({entries[i].name, dtype, entries[i].shape});
-        weight_map[entries[i].name] = file;
-      }
-      write_safetensors_streamed(tmp + "/" + file, specs,
-                                 [&](size_t k) {
-                                   const Entry& e = entries[shards[s][k]];
-                                   return read_full_param(reader, index, "main", e.param).view(e.shape);
-                                 },
-                                 {{"format", "pt"}});
-    }
-    if (shards.size() > 1)
-      write_text_atomically(tmp + "/model.safetensors.index.json",
-                            json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
-    hf["torch_dtype"] = hf_dtype_name(dtype);
-    hf["dtype"] = hf_dtype_name(dtype);
-    hf["mfsdp"] = {{"checkpoint", fs::absolute(dir).string()}, {"step", index["trainer"]["step"]}};
-    write_text_atomically(tmp + "/config.json", hf.dump(2) + "\n");
-    if (fs::exists(out)) fs::remove(out);  // an empty directory
-    fs::rename(tmp, out);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  hf["torch_dtype"] = hf_dtype_name(dtype);
+  hf["dtype"] = hf_dtype_name(dtype);
+  hf["mfsdp"] = {{"checkpoint", fs::absolute(dir).string()}, {"step", index["trainer"]["step"]}};
+  write_hf_dir(out, entries, dtype, max_shard_bytes, "model", {{"config.json", hf.dump(2) + "\n"}});
 }
 
 }  // namespace mfsdp

@@ -72,13 +72,17 @@ int inspect_checkpoint(const std::string& step_dir, bool verbose);
 // or the one recorded in the checkpoint). `state`: "main" (the weights) or one of the optimizer's
 // state kinds (exp_avg, exp_avg_sq, momentum_buffer) under the same names, safetensors only.
 void export_checkpoint(const std::string& step_dir, const std::string& out, const std::string& format,
-                       const std::string& model_path, const std::string& state = "main");
+                       const std::string& model_path, const std::string& state = "main", bool only_trainable = false);
 // `mfsdp export --format hf`: a Hugging Face model directory `out` (new, or empty): config.json
 // (the model file's mfsdp/hf_config.json, written by scripts/export_hf.py) and model.safetensors,
 // or shards of at most max_shard_bytes with model.safetensors.index.json, in `dtype` (float32,
 // bfloat16, float16; empty: the config's torch_dtype). Streams one parameter at a time; written
 // under a temporary name and renamed, so a failed export leaves nothing.
+// A LoRA model (scripts/export_hf.py --lora-r / --adapter-dir): the base weights with the adapters
+// merged in (W + scaling * B A, PEFT's merge_and_unload) under the transformers model's names; with
+// only_trainable, PEFT's adapter directory instead: adapter_model.safetensors (the trained
+// adapters, PEFT's key names) and adapter_config.json, which peft's PeftModel.from_pretrained loads.
 void export_checkpoint_hf(const std::string& step_dir, const std::string& out, const std::string& model_path,
-                          const std::string& dtype, int64_t max_shard_bytes);
+                          const std::string& dtype, int64_t max_shard_bytes, bool only_trainable = false);
 
 }  // namespace mfsdp

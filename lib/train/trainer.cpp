@@ -141,7 +141,7 @@ class Trainer {
 
  private:
   void save(int64_t step, TrainResult& result) {
-    ckpt_->save({step, step * cfg_.training.global_batch_size});
+    ckpt_->save({step, step * cfg_.training.global_batch_size, {}});
     result.last_checkpoint = *cfg_.checkpoint.dir + "/" + ckpt_->step_dir_name(step);
     log(fmt::format("checkpoint {}{}", result.last_checkpoint, cfg_.checkpoint.async ? " (writing in the background)" : ""));
   }

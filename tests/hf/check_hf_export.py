@@ -8,7 +8,11 @@ TorchScript model (--format torchscript, the weights in mfsdp's own model). Then
 AutoModelForCausalLM.from_pretrained(DIR) (local files only) must load with no missing, unexpected
 or mismatched keys, and its logits on a batch must equal the TorchScript model's within 1e-5
 relative (max |a-b| / max |b|). With --expect-shards N the directory must hold N safetensors shards
-and a model.safetensors.index.json naming every tensor. Exit 1 on any failed check.
+and a model.safetensors.index.json naming every tensor. With --lora (a PEFT LoRA model's checkpoint)
+the directory holds the merged model, and `export --only-trainable --format hf` writes the adapter
+directory, which peft's PeftModel.from_pretrained must load onto the base weights (every adapter
+tensor equal to the trained one) with the same logits within 1e-5; the trained adapters must have
+moved off their start (lora_B starts at zero). Exit 1 on any failed check.
 """
 import argparse
 import glob
@@ -29,6 +33,7 @@ def main():
     ap.add_argument("--max-shard-size")
     ap.add_argument("--expect-shards", type=int, default=1)
     ap.add_argument("--dtype")
+    ap.add_argument("--lora", action="store_true")
     a = ap.parse_args()
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
@@ -85,8 +90,55 @@ def main():
           rel <= tol)
     cfg = json.load(open(os.path.join(out, "config.json")))
     check("config.json records the checkpoint and step", "mfsdp" in cfg and "step" in cfg["mfsdp"], str(cfg.get("mfsdp")))
+    if a.lora:
+        check_adapter(a, model, mine, tokens, pos, want, check)
     print("FAILED: " + "; ".join(failures) if failures else "all checks passed")
     sys.exit(1 if failures else 0)
+
+
+def check_adapter(a, merged, mine, tokens, pos, want, check):
+    import peft
+    from safetensors.torch import load_file
+    adir = os.path.join(a.work, "adapter")
+    c = [a.mfsdp, "export", "--checkpoint", a.checkpoint, "--format", "hf", "--only-trainable", "--out", adir]
+    p = subprocess.run(c, capture_output=True, text=True)
+    print(p.stdout.strip())
+    if p.returncode != 0:
+        sys.exit(f"FAIL: {' '.join(c)}: exit {p.returncode}\n{p.stderr}")
+    check("the adapter directory holds PEFT's two files",
+          sorted(os.listdir(adir)) == ["adapter_config.json", "adapter_model.safetensors"], str(sorted(os.listdir(adir))))
+    trained = dict(mine.named_parameters())
+    lora = {n: t for n, t in trained.items() if ".lora_" in n}
+    # The base model: transformers' own class with the trained file's base weights (frozen, so the
+    # exported ones), the adapters loaded by peft onto it.
+    base = type(merged)(merged.config).eval()
+    sd = {}
+    for n, t in trained.items():
+        if ".lora_" in n:
+            continue
+        sd[n.removeprefix("base_model.model.").replace(".base_layer.", ".")] = t.detach()
+    missing, unexpected = base.load_state_dict(sd, strict=False)
+    missing = [m for m in missing if not (m.endswith("lm_head.weight") and merged.config.tie_word_embeddings)]
+    check("the base weights fit the transformers model", not missing and not unexpected, f"{missing[:3]} {unexpected[:3]}")
+    pm = peft.PeftModel.from_pretrained(base, adir).eval()
+    got_ad = {n: t for n, t in pm.named_parameters() if ".lora_" in n}
+    same = sorted(got_ad) == sorted(lora) and all(torch.equal(got_ad[n].float(), lora[n].float()) for n in lora)
+    check(f"peft loads every adapter tensor as trained ({len(lora)} tensors)", same,
+          f"{sorted(set(got_ad) ^ set(lora))[:4]}")
+    moved = all(float(t.detach().abs().max()) > 0 for n, t in lora.items() if ".lora_B." in n)
+    check("the trained lora_B tensors moved off their zero start", moved)
+    with torch.no_grad(), pm.disable_adapter():  # the adapters matter, so the two logits checks can fail
+        plain = pm(input_ids=tokens, position_ids=pos, use_cache=False).logits.float()
+    off = float((plain - want).abs().max() / want.abs().max())
+    check(f"the base model alone is off mfsdp's logits (max relative {off:.2e} > 1e-04)", off > 1e-4)
+    with torch.no_grad():
+        got = pm(input_ids=tokens, position_ids=pos, use_cache=False).logits.float()
+    rel = float((got - want).abs().max() / want.abs().max())
+    check(f"logits of the base model with the adapter equal mfsdp's trained model's (max relative {rel:.2e}, "
+          "tolerance 1e-05)", rel <= 1e-5)
+    saved = load_file(os.path.join(adir, "adapter_model.safetensors"))
+    check("adapter keys are PEFT's (the adapter name taken out)", all(".default." not in k for k in saved) and
+          len(saved) == len(lora), str(sorted(saved)[:2]))
 
 
 if __name__ == "__main__":

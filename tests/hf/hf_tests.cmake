@@ -4,6 +4,7 @@
 # transformers model itself in Python (tests/oracle/reference_trainer.py builds it from the file's
 # mfsdp/hf_config.json): losses within 1e-5 at every step. Included from tests/CMakeLists.txt.
 set(HFX ${FX}/hf_models)
+set(HF_CHECK ${CMAKE_CURRENT_SOURCE_DIR}/hf/check_hf_export.py)
 add_test(NAME hf_models COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_models.py ${PROJECT_SOURCE_DIR} ${HFX})
 set_tests_properties(hf_models PROPERTIES FIXTURES_SETUP hf_models TIMEOUT 300)
 
@@ -90,6 +91,53 @@ add_test(NAME frozen_everything
                  "model.frozen=[\"*\"]")
 set_tests_properties(frozen_glob_matches_nothing frozen_everything PROPERTIES FIXTURES_REQUIRED "train;hf_models")
 
+# LoRA (PEFT): scripts/export_hf.py --lora-r wraps the transformers model with peft; mfsdp trains
+# the adapters only (the file's mfsdp/trainable.json, PEFT's choice), against PEFT training the same
+# model in PyTorch (the oracle rebuilds it with peft from the stored adapter config). Every strategy,
+# 1-4 ranks, CP; GPT-2's Conv1D (fan_in_fan_out) and Qwen2's tied head with every linear adapted.
+set(lora_runs)
+foreach(cfg "llama_lora;n1;1;0" "llama_lora;s0_n4;4;0" "qwen2_lora;s1_n2;2;1" "gpt2_lora;s2_n2;2;2" "llama_lora;s3_n4;4;3")
+  list(GET cfg 0 m)
+  list(GET cfg 1 tag)
+  list(GET cfg 2 np)
+  list(GET cfg 3 s)
+  mfsdp_hf_run(hf_${m}_${tag} ${np} ${m} distributed.zero_dp_strategy=${s})
+  list(APPEND lora_runs hf_${m}_${tag})
+endforeach()
+mfsdp_hf_run(hf_qwen2_lora_cp2_s3_n2 2 qwen2_lora distributed.cp_size=2 distributed.zero_dp_strategy=3)
+list(APPEND lora_runs hf_qwen2_lora_cp2_s3_n2)
+# export: the merged model for transformers, and --only-trainable PEFT's adapter directory for peft.
+foreach(m qwen2_lora gpt2_lora llama_lora)
+  mfsdp_hf_run(hf_${m}_ckpt_s3_n2 2 ${m} distributed.zero_dp_strategy=3 training.max_steps=6
+               checkpoint.dir=${FX}/hf_${m}_ckpt_s3_n2/ckpt checkpoint.save_final=true checkpoint.resume=none)
+  add_test(NAME hf_export_${m}
+           COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_${m}_ckpt_s3_n2/ckpt
+                   --work ${FX}/hf_export_${m} --lora)
+  set_tests_properties(hf_export_${m} PROPERTIES FIXTURES_REQUIRED runs_hf_${m}_ckpt_s3_n2 TIMEOUT 300)
+endforeach()
+set_tests_properties(hf_export_llama_lora PROPERTIES FIXTURES_SETUP hf_llama_adapter)
+# An adapter directory trained on: export_hf.py --model-dir (a save_pretrained Llama) --adapter-dir
+# (the adapter mfsdp exported above), trained again at 2 ranks against PEFT.
+add_test(NAME hf_export_adapter_dir
+         COMMAND ${MFSDP_PYTHON} ${PROJECT_SOURCE_DIR}/scripts/export_hf.py --model-dir ${HFX}/llama_pretrained
+                 --adapter-dir ${FX}/hf_export_llama_lora/adapter --out ${HFX}/llama_adapter.pt)
+set_tests_properties(hf_export_adapter_dir PROPERTIES FIXTURES_REQUIRED "hf_llama_adapter;hf_init_weights"
+                     FIXTURES_SETUP hf_llama_adapter_pt TIMEOUT 300)
+mfsdp_hf_run(hf_llama_adapter_s3_n2 2 llama_adapter distributed.zero_dp_strategy=3)
+set_tests_properties(run_hf_llama_adapter_s3_n2 PROPERTIES FIXTURES_REQUIRED "train;hf_models;hf_llama_adapter_pt")
+list(APPEND lora_runs hf_llama_adapter_s3_n2)
+mfsdp_oracle(hf_lora RUNS ${lora_runs})
+add_test(NAME hf_export_only_trainable_needs_lora
+         COMMAND ${EXPECT} 2 "export --only-trainable --format hf writes a PEFT adapter directory, but .* is no LoRA model" --
+                 ${MFSDP_BIN} export --checkpoint ${FX}/hf_qwen2_ckpt_s1_n2/ckpt --format hf --only-trainable
+                 --out ${FX}/hf_export_not_lora)
+set_tests_properties(hf_export_only_trainable_needs_lora PROPERTIES FIXTURES_REQUIRED runs_hf_qwen2_ckpt_s1_n2)
+add_test(NAME hf_lora_tp_refused
+         COMMAND ${EXPECT} 2 "there is no tensor-parallel plan" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_lora.pt
+                 run_dir=${FX}/hf_lora_tp distributed.tp_size=2)
+set_tests_properties(hf_lora_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
+
 # What is not supported says so (never a silently wrong run): sequence parallelism (HF attention
 # takes its sequence length from its input), context parallelism of a sliding-window model (its
 # mask is not causal), TP of a family whose plan mfsdp cannot apply.
@@ -125,7 +173,6 @@ mfsdp_hf_run(hf_gemma_ckpt_tp2_s3_n4 4 gemma distributed.tp_size=2 distributed.z
              checkpoint.dir=${FX}/hf_gemma_ckpt_tp2_s3_n4/ckpt checkpoint.save_final=true checkpoint.resume=none)
 mfsdp_hf_run(hf_qwen2_ckpt_s1_n2 2 qwen2 distributed.zero_dp_strategy=1 training.max_steps=5
              checkpoint.dir=${FX}/hf_qwen2_ckpt_s1_n2/ckpt checkpoint.save_final=true checkpoint.resume=none)
-set(HF_CHECK ${CMAKE_CURRENT_SOURCE_DIR}/hf/check_hf_export.py)
 add_test(NAME hf_export_sharded
          COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_gemma_ckpt_tp2_s3_n4/ckpt
                  --work ${FX}/hf_export_sharded --max-shard-size 100KB --expect-shards 5)

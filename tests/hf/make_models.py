@@ -7,7 +7,8 @@ families, exported with scripts/export_hf.py (its main, in one process) as a use
 Llama with grouped-query attention; Mistral, and one with a sliding window of 8 tokens; Qwen2 (q/k/v biases, tied head); Qwen3 (q/k norms,
 an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
 GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
-gate_up: its plan's colwise_gather_output is not a style mfsdp keeps, so no plan is stored).
+gate_up: its plan's colwise_gather_output is not a style mfsdp keeps, so no plan is stored); and
+three LoRA models wrapped by PEFT (llama_lora, qwen2_lora, gpt2_lora).
 """
 import contextlib
 import io
@@ -24,6 +25,14 @@ MODELS = {
     "gemma": ["--family", "gemma", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],
     "gpt2": ["--family", "gpt2", "--set", "vocab_size=264", "n_embd=64", "n_layer=2", "n_head=4", "n_positions=128"],
     "phi3": ["--family", "phi3", "--set", *COMMON, "num_key_value_heads=4", "pad_token_id=0"],
+}
+# LoRA (PEFT) models: PEFT's default targets for Llama (q_proj, v_proj); every linear layer of Qwen2
+# (tied head, biases on q/k/v); GPT-2's packed c_attn, a Conv1D (fan_in_fan_out).
+MODELS |= {
+    "llama_lora": MODELS["llama"] + ["--lora-r", "4", "--lora-alpha", "8"],
+    "qwen2_lora": MODELS["qwen2"] + ["--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj", "k_proj", "v_proj",
+                                     "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "gpt2_lora": MODELS["gpt2"] + ["--lora-r", "4", "--lora-alpha", "16"],
 }
 
 

@@ -303,7 +303,11 @@ def trainable_names(cfg, model, path):
         first = seen.setdefault(id(p), n)
         names.setdefault(first, []).append(n)
     trainable, frozen = cfg["model"].get("trainable"), cfg["model"].get("frozen") or []
-    if trainable is None:
+    if trainable is None and hasattr(model, "peft_config"):
+        # PEFT's own choice (what get_peft_model left requiring grad), not the file's list: the
+        # exporter's mfsdp/trainable.json is judged against it.
+        chosen = {f for f, al in names.items() if dict(model.named_parameters())[f].requires_grad}
+    elif trainable is None:
         extra = {"mfsdp/trainable.json": ""}
         torch.jit.load(path, map_location="cpu", _extra_files=extra)
         stored = json.loads(extra["mfsdp/trainable.json"]) if extra["mfsdp/trainable.json"] else None
@@ -335,7 +339,7 @@ def load_reference_model(path):
     scripts/export_hf.py (it holds mfsdp/hf_config.json), the transformers model built from that
     config in Python with the file's initial weights: then the trace is judged too. Returns (module
     whose forward(tokens, position_ids) gives logits, description)."""
-    extra = {"mfsdp/hf_config.json": "", "mfsdp/hf_export.json": ""}
+    extra = {"mfsdp/hf_config.json": "", "mfsdp/hf_export.json": "", "mfsdp/adapter_config.json": ""}
     jm = torch.jit.load(path, map_location="cpu", _extra_files=extra)
     if not extra["mfsdp/hf_config.json"]:
         return jm, "the TorchScript file"
@@ -350,6 +354,15 @@ def load_reference_model(path):
         keys.pop(k, None)
     hf_cfg = AutoConfig.for_model(family, **keys)
     hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=info.get("attention", "sdpa"), dtype=torch.float32)
+    what = f"transformers {transformers.__version__} {type(hf).__name__}"
+    if info.get("peft"):  # PEFT's own LoRA layers around it, from the adapter config the file holds
+        import tempfile
+        import peft
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "adapter_config.json"), "wb") as f:
+                f.write(extra["mfsdp/adapter_config.json"])
+            hf = peft.get_peft_model(hf, peft.LoraConfig.from_pretrained(d))
+        what += f" in peft {peft.__version__} LoRA"
     src = dict(jm.named_parameters())
     mine = dict(hf.named_parameters())
     missing = sorted(set(mine) - set(src))
@@ -362,7 +375,7 @@ def load_reference_model(path):
     hf.forward = types.MethodType(
         lambda self, tokens, position_ids: hf_forward(self, input_ids=tokens, position_ids=position_ids,
                                                       use_cache=False).logits, hf)
-    return hf, f"transformers {transformers.__version__} {type(hf).__name__} (Python, not the trace)"
+    return hf, what + " (Python, not the trace)"
 
 
 def load_init_from(cfg, model):
