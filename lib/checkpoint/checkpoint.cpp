@@ -709,17 +709,7 @@ bool ends_with(const std::string& s, const std::string& tail) {
 //   base_model.model.<hf module>.base_layer.weight        the adapted layer's own weight
 //   base_model.model.<hf module>.lora_A.<adapter>.weight  [r, in]
 //   base_model.model.<hf module>.lora_B.<adapter>.weight  [out, r]
-//   base_model.model.<hf name>                             everything else
-constexpr const char* kPeftPrefix = "base_model.model.";
-
-// The transformers name of a PEFT base-model parameter: prefix and ".base_layer" removed.
-std::string hf_name_of_peft(const std::string& name) {
-  std::string n = name.rfind(kPeftPrefix, 0) == 0 ? name.substr(std::strlen(kPeftPrefix)) : name;
-  auto at = n.find(".base_layer.");
-  if (at != std::string::npos) n.erase(at, std::strlen(".base_layer"));
-  return n;
-}
-
+//   base_model.model.<hf name>                             everything else (peft_to_hf_name maps them)
 // ".lora_A.default.weight" -> ("lora_A", "default"); empty when `name` is no LoRA parameter.
 std::pair<std::string, std::string> lora_part(const std::string& name, std::string* module) {
   for (const char* ab : {".lora_A.", ".lora_B."}) {
@@ -886,7 +876,7 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
         };
       }
     }
-    for (const auto& name : names_to_write(it, tied)) entries.push_back({hf_name_of_peft(name), shape, read});
+    for (const auto& name : names_to_write(it, tied)) entries.push_back({peft_to_hf_name(name), shape, read});
   }
   hf["torch_dtype"] = hf_dtype_name(dtype);
   hf["dtype"] = hf_dtype_name(dtype);

@@ -93,14 +93,23 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
         dtypes[c10::toString(files.back()->get(original).scalar_type())] = "";
       }
     }
-    // Each model parameter by its name or an alias; shapes must be the global ones.
+    // Each model parameter by its name or an alias; shapes must be the global ones. A LoRA model
+    // (PEFT's names) takes the transformers model's weights as they are: its base weights by their
+    // transformers names, its adapters kept as exported when the files lack them (PEFT's own
+    // from_pretrained + get_peft_model: pretrained base, fresh adapters).
+    bool peft = false;
+    for (const auto& p : model.params()) peft = peft || is_lora_param(p.name);
     std::vector<const Source*> of_param(model.params().size(), nullptr);
     std::set<std::string> used;
     std::vector<std::string> missing, misshaped;
+    int64_t kept_adapters = 0;
     for (size_t i = 0; i < model.params().size(); ++i) {
       const auto& p = model.params()[i];
       std::vector<std::string> names{p.name};
       names.insert(names.end(), p.aliases.begin(), p.aliases.end());
+      if (peft)
+        for (size_t k = 0, n = names.size(); k < n; ++k)
+          if (peft_to_hf_name(names[k]) != names[k]) names.push_back(peft_to_hf_name(names[k]));
       for (const auto& n : names) {
         auto it = by_name.find(n);
         if (it == by_name.end()) continue;
@@ -111,7 +120,10 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
           misshaped.push_back(fmt::format("{} [{}] in the file, [{}] in the model", n, fmt::join(shape, ", "),
                                           fmt::join(p.global_shape(), ", ")));
       }
-      if (!of_param[i]) missing.push_back(p.name);
+      if (!of_param[i]) {
+        if (peft && is_lora_param(p.name)) ++kept_adapters;
+        else missing.push_back(p.name);
+      }
     }
     std::vector<std::string> unexpected;
     for (const auto& [n, s] : by_name)
@@ -133,6 +145,7 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
     for (size_t i = 0; i < model.params().size(); ++i) param_by_name[model.params()[i].name] = i;
     for (size_t i = 0; i < slots.size(); ++i) {
       const Source* s = of_param.at(param_by_name.at(slots[i].name));
+      if (!s) continue;  // a LoRA adapter the files lack: as exported
       at::Tensor full = s->file->get(s->name).reshape({-1});  // a view of the mapped file
       at::Tensor dst = slots[i].weight.reshape({-1});
       const auto& r = ranges[i];
@@ -146,7 +159,9 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
     summary = fmt::format("initial weights from {}: {} tensors in {} file(s) ({}), this rank read {} elements of its "
                           "slots{}",
                           src, used.size(), files.size(), types, copied,
-                          rules.empty() ? "" : fmt::format(", {} rename rule(s)", rules.size()));
+                          rules.empty() ? "" : fmt::format(", {} rename rule(s)", rules.size())) +
+              (kept_adapters ? fmt::format("; {} LoRA adapter tensors not in the files kept as exported", kept_adapters)
+                             : "");
   } catch (const UserError& e) {
     error = e.what();
   } catch (const std::exception& e) {

@@ -107,6 +107,18 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   return m;
 }
 
+std::string peft_to_hf_name(const std::string& name) {
+  static const std::string prefix = "base_model.model.", base = ".base_layer.";
+  std::string n = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+  auto at = n.find(base);
+  if (at != std::string::npos) n.erase(at, base.size() - 1);
+  return n;
+}
+
+bool is_lora_param(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
 int64_t ModelParam::global_numel() const {
   int64_t n = 1;
   for (int64_t d : global_shape()) n *= d;

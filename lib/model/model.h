@@ -96,6 +96,12 @@ class Model {
   std::string stored_trainable_;
 };
 
+// PEFT's names (a LoRA model from scripts/export_hf.py --lora-r) to the transformers model's:
+// "base_model.model.X.base_layer.weight" -> "X.weight", "base_model.model.Y" -> "Y"; other names
+// unchanged. is_lora_param: an adapter tensor ("...q_proj.lora_A.default.weight", lora_B too).
+std::string peft_to_hf_name(const std::string& name);
+bool is_lora_param(const std::string& name);
+
 // "__torch__.___torch_mangle_3.Block" -> "Block"; "__torch__.model.Block" -> "model.Block" kept
 // for qualified matching by qualified_class_name().
 std::string unqualified_class_name(const torch::jit::Module& m);

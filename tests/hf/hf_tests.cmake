@@ -126,6 +126,17 @@ set_tests_properties(hf_export_adapter_dir PROPERTIES FIXTURES_REQUIRED "hf_llam
 mfsdp_hf_run(hf_llama_adapter_s3_n2 2 llama_adapter distributed.zero_dp_strategy=3)
 set_tests_properties(run_hf_llama_adapter_s3_n2 PROPERTIES FIXTURES_REQUIRED "train;hf_models;hf_llama_adapter_pt")
 list(APPEND lora_runs hf_llama_adapter_s3_n2)
+# A LoRA model exported without weights (--random-init), its base weights from the save_pretrained
+# directory by their transformers names (model.init_from), the adapters kept as exported.
+add_test(NAME hf_export_lora_random_init
+         COMMAND ${MFSDP_PYTHON} ${PROJECT_SOURCE_DIR}/scripts/export_hf.py --model-dir ${HFX}/llama_pretrained --random-init
+                 --lora-r 4 --lora-targets q_proj k_proj v_proj o_proj --out ${HFX}/llama_lora_ri.pt)
+set_tests_properties(hf_export_lora_random_init PROPERTIES FIXTURES_REQUIRED hf_init_weights FIXTURES_SETUP hf_llama_lora_ri
+                     TIMEOUT 300)
+mfsdp_hf_run(hf_llama_lora_init_s3_n2 2 llama_lora_ri distributed.zero_dp_strategy=3
+             model.init_from=${HFX}/llama_pretrained)
+set_tests_properties(run_hf_llama_lora_init_s3_n2 PROPERTIES FIXTURES_REQUIRED "train;hf_models;hf_llama_lora_ri")
+list(APPEND lora_runs hf_llama_lora_init_s3_n2)
 mfsdp_oracle(hf_lora RUNS ${lora_runs})
 add_test(NAME hf_export_only_trainable_needs_lora
          COMMAND ${EXPECT} 2 "export --only-trainable --format hf writes a PEFT adapter directory, but .* is no LoRA model" --

@@ -398,8 +398,15 @@ def load_init_from(cfg, model):
                 name = re.sub(pat, to.replace("$", "\\"), name)
             if name:
                 tensors[name] = t
+    peft = hasattr(model, "peft_config")  # a LoRA model: base weights by their transformers names
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if peft:
+                if ".lora_A." in name or ".lora_B." in name:
+                    if name not in tensors:
+                        continue  # a fresh adapter, as PEFT's get_peft_model on a pretrained model
+                else:
+                    name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
             p.copy_(tensors[name].to(p.dtype))
 
 
