@@ -43,6 +43,7 @@ set to 0 (printed); the oracle and `export --format hf` see the same zeros.
 import argparse
 import json
 import os
+import re
 import sys
 import types
 import warnings
@@ -80,6 +81,20 @@ def derive_tp_plan(model):
             return None, (f"base_model_tp_plan entry {key}: {style} is not a style mfsdp applies (it keeps "
                           f"{', '.join(KEPT_STYLES)}): no tensor-parallel plan stored; give distributed.tp_plan")
         plan[f"{prefix}.{key}"] = KEPT_STYLES[style]
+    # Sequence parallelism (distributed.sequence_parallel): HF attention reads the sequence length
+    # from its input, so each block holding colwise/rowwise layers (attention, MLP) works on the
+    # gathered sequence (sequence_gathered), and the norms between them on this rank's part of it
+    # (sequence_parallel: their gradients summed over TP). Without sequence parallelism both are no-ops.
+    blocks = {key.rsplit(".", 1)[0] for key, style in base_plan.items() if style in ("colwise", "rowwise") and "." in key}
+    for blk in sorted(blocks):
+        plan.setdefault(f"{prefix}.{blk}", "sequence_gathered")
+    for name, mod in model.named_modules():
+        if "norm" not in type(mod).__name__.lower() or not any(True for _ in mod.parameters(recurse=False)):
+            continue
+        glob = re.sub(r"\.\d+\.", ".*.", name)
+        if glob in plan or any(glob.startswith(p + ".") for p in plan):
+            continue  # inside a gathered block (Qwen3's q/k norms keep their own style)
+        plan[glob] = "sequence_parallel"
     base = getattr(model, prefix)
     emb = base.get_input_embeddings()
     emb_name = next(n for n, m in model.named_modules() if m is emb)

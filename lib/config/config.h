@@ -26,6 +26,11 @@ const char* to_string(ZeroDpStrategy s);
 //   vocab_parallel  embedding rows sharded; ids outside the shard masked; output all-reduced
 //   sequence_parallel  replicated parameters on sequence-split activations (norms): with
 //                   distributed.sequence_parallel their gradients are summed across the TP group
+//   sequence_gathered  a block (attention, MLP) whose code reads the sequence length from its input,
+//                   as Hugging Face's do: with distributed.sequence_parallel its hidden-state input is
+//                   all-gathered along the sequence at its call (torchtitan's PrepareModuleInput),
+//                   its colwise layers take it as it is, and its rowwise output layer reduce-scatters
+//                   (RowwiseParallel(output_layouts=Shard(1))); without sequence parallelism, nothing
 //   replicate       nothing sharded (overrides a broader glob)
 struct TpStyle {
   std::string kind;

@@ -223,9 +223,16 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
   if (sp) {
     // Inside units, a replicated parameter sees this rank's part of the sequence only; its gradient
     // is right only when summed across TP. Ask for it explicitly rather than guess.
+    // A sequence_gathered block sees the whole sequence: its replicated parameters need nothing.
+    auto gathered = [&](const std::string& name) {
+      for (const auto& [path, style] : a.module_styles)
+        if (style.kind == "sequence_gathered" && name.rfind(path + ".", 0) == 0) return true;
+      return false;
+    };
     std::vector<std::string> unmarked;
     for (size_t i = 0; i < n; ++i)
-      if (model.params()[i].unit >= 0 && a.split_dim[i] < 0 && !a.grad_sum[i]) unmarked.push_back(model.params()[i].name);
+      if (model.params()[i].unit >= 0 && a.split_dim[i] < 0 && !a.grad_sum[i] && !gathered(model.params()[i].name))
+        unmarked.push_back(model.params()[i].name);
     if (!unmarked.empty())
       throw ConfigError(cfg.where("distributed.sequence_parallel") +
                         ": distributed.sequence_parallel: these parameters are replicated across tensor-parallel ranks "
@@ -446,6 +453,11 @@ class TensorParallelImpl final : public TensorParallel {
         }
         if (s) called_.insert(target);
       }
+      if (style && style->kind == "sequence_gathered" && sp_) {
+        gather_sequence_at_call(node, first_target);
+        ++rewritten_;
+        continue;
+      }
       if (!style || !style_splits_weight(style->kind)) continue;
       rewrite_call(node, *style, first_target);
       ++rewritten_;
@@ -484,6 +496,30 @@ class TensorParallelImpl final : public TensorParallel {
     return 0;
   }
 
+  // Whether module `path` lies inside a sequence_gathered block (under sequence parallelism: its
+  // input is already the whole sequence).
+  bool inside_gathered(const std::string& path) const {
+    if (!sp_) return false;
+    for (const auto& [p, s] : a_.module_styles)
+      if (s.kind == "sequence_gathered" && path.rfind(p + ".", 0) == 0) return true;
+    return false;
+  }
+
+  // A sequence_gathered block's call: its hidden-state argument (the first Tensor one) goes
+  // through tp_copy, which under sequence parallelism all-gathers it along the sequence (and
+  // reduce-scatters its gradient, summing the partial input gradients of the colwise layers
+  // inside, which then need no collective of their own). Its rowwise output layer's tp_reduce
+  // reduce-scatters, so the block returns this rank's part of the sequence again.
+  void gather_sequence_at_call(Node* node, const std::string& path) {
+    size_t arg = 0;
+    for (size_t i = 1; i < node->inputs().size() && !arg; ++i)
+      if (is_tensor_value(node->input(i))) arg = i;
+    if (arg == 0) throw UserError(path + ": a sequence_gathered module must take a Tensor argument");
+    torch::jit::Graph& g = *node->owningGraph();
+    torch::jit::WithInsertPoint guard(node);
+    node->replaceInput(arg, insert_op(g, "mfsdp::tp_copy", {node->input(arg)}, node->input(arg)->type()));
+  }
+
   void rewrite_call(Node* node, const TpStyle& style, const std::string& path) {
     torch::jit::Graph& g = *node->owningGraph();
     torch::jit::Module mod = submodule_at(model_.module(), path);
@@ -491,6 +527,11 @@ class TensorParallelImpl final : public TensorParallel {
     if (arg == 0) throw UserError(path + ": a " + style.kind + " module must take a Tensor argument");
     Value* x = node->input(arg);
     const std::string& k = style.kind;
+    if ((k == "colwise" || k == "colwise_rep") && inside_gathered(path)) {
+      if (k == "colwise_rep")
+        throw ConfigError(a_.plan_source + ": " + path + ": colwise_rep inside a sequence_gathered block is not supported");
+      return;  // the block's input is gathered already; its gradient is reduced there
+    }
     if (k == "colwise" || k == "colwise_rep") {
       // Colwise calls on the same input (q, k and v projections; gate and up) share one tp_copy:
       // one all-gather forward (sequence parallel) and one reduction of the summed input

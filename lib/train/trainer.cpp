@@ -364,8 +364,13 @@ class Trainer {
                       what.substr(0, what.find('\n')) +
                       (shape_.tp > 1 ? fmt::format(" (with tp_size {} every rank holds 1/{} of each colwise output: the "
                                                    "attention's head counts, key/value heads included, must be divisible "
-                                                   "by tp_size, and sizes must come from the projections' shapes)",
-                                                   shape_.tp, shape_.tp)
+                                                   "by tp_size, and sizes must come from the projections' shapes{})",
+                                                   shape_.tp, shape_.tp,
+                                                   tp_->sequence_parallel()
+                                                       ? "; with sequence_parallel, a block that reads the sequence "
+                                                         "length from its input (Hugging Face attention) needs the style "
+                                                         "sequence_gathered in the plan"
+                                                       : "")
                                      : std::string()));
     }
     if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != 2 || !logits.is_floating_point())

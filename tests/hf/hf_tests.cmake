@@ -149,13 +149,33 @@ add_test(NAME hf_lora_tp_refused
                  run_dir=${FX}/hf_lora_tp distributed.tp_size=2)
 set_tests_properties(hf_lora_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
 
-# What is not supported says so (never a silently wrong run): sequence parallelism (HF attention
-# takes its sequence length from its input), context parallelism of a sliding-window model (its
-# mask is not causal), TP of a family whose plan mfsdp cannot apply.
-add_test(NAME hf_sequence_parallel_refused
-         COMMAND ${EXPECT} 2 "distributed.sequence_parallel: these parameters are replicated across tensor-parallel ranks" --
+# Sequence parallelism: the stored plan marks each attention and MLP block sequence_gathered (the
+# sequence gathered at its input, reduce-scattered by its rowwise output layer) and the norms
+# sequence_parallel; with SP, CP and every strategy, against PyTorch.
+set(sp_runs)
+foreach(cfg "llama;tp2_sp_s3_n4;4;3" "qwen3;tp2_sp_n2;2;0" "qwen2;tp2_sp_s1_n4;4;1" "mistral;tp2_sp_s2_n2;2;2")
+  list(GET cfg 0 m)
+  list(GET cfg 1 tag)
+  list(GET cfg 2 np)
+  list(GET cfg 3 s)
+  mfsdp_hf_run(hf_${m}_${tag} ${np} ${m} distributed.tp_size=2 distributed.sequence_parallel=true
+               distributed.zero_dp_strategy=${s})
+  list(APPEND sp_runs hf_${m}_${tag})
+endforeach()
+mfsdp_hf_run(hf_gemma_tp2_sp_cp2_s3_n4 4 gemma distributed.tp_size=2 distributed.sequence_parallel=true distributed.cp_size=2
+             distributed.zero_dp_strategy=3)
+list(APPEND sp_runs hf_gemma_tp2_sp_cp2_s3_n4)
+mfsdp_oracle(hf_sequence_parallel RUNS ${sp_runs})
+# Without sequence_gathered, HF attention reshapes a gathered projection by its split input's length:
+# an error that names the missing style (never a wrong run).
+set(_no_gather "{\"model.layers.*.self_attn.q_proj\": colwise, \"model.layers.*.self_attn.k_proj\": colwise, \"model.layers.*.self_attn.v_proj\": colwise, \"model.layers.*.self_attn.o_proj\": rowwise, \"model.layers.*.mlp.gate_proj\": colwise, \"model.layers.*.mlp.up_proj\": colwise, \"model.layers.*.mlp.down_proj\": rowwise, \"model.layers.*.input_layernorm\": sequence_parallel, \"model.layers.*.post_attention_layernorm\": sequence_parallel, \"model.norm\": sequence_parallel, \"model.embed_tokens\": vocab_parallel, \"lm_head\": colwise}")
+add_test(NAME hf_sequence_parallel_needs_gathered_blocks
+         COMMAND ${EXPECT} 2 "needs the style sequence_gathered in the plan" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_sp
-                 distributed.tp_size=2 distributed.sequence_parallel=true)
+                 distributed.tp_size=2 distributed.sequence_parallel=true "distributed.tp_plan=${_no_gather}")
+
+# What is not supported says so (never a silently wrong run): context parallelism of a
+# sliding-window model (its mask is not causal), TP of a family whose plan mfsdp cannot apply.
 add_test(NAME hf_context_parallel_sliding_window_refused
          COMMAND ${EXPECT} 2 "the scaled_dot_product_attention call in model.layers.0.self_attn.forward has an attention mask that is not causal" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/mistral_sw.pt run_dir=${FX}/hf_cp
@@ -164,7 +184,7 @@ add_test(NAME hf_phi3_no_tp_plan
          COMMAND ${EXPECT} 2 "there is no tensor-parallel plan" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/phi3.pt run_dir=${FX}/hf_phi3_tp
                  distributed.tp_size=2)
-set_tests_properties(hf_sequence_parallel_refused hf_context_parallel_sliding_window_refused hf_phi3_no_tp_plan PROPERTIES
+set_tests_properties(hf_sequence_parallel_needs_gathered_blocks hf_context_parallel_sliding_window_refused hf_phi3_no_tp_plan PROPERTIES
                      FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
 add_test(NAME hf_export_unknown_family
          COMMAND ${EXPECT} 1 "model type 'lama' is not one transformers" --
