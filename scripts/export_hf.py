@@ -33,7 +33,9 @@ What the file holds:
   - with LoRA: the PeftModel itself (PEFT's names, base_model.model.model.layers.N...q_proj.lora_A.default
     .weight), mfsdp/trainable.json (the parameters PEFT leaves trainable: mfsdp's default
     model.trainable) and mfsdp/adapter_config.json (PEFT's, for `mfsdp export --only-trainable`).
-    No tensor-parallel plan is stored for a LoRA model (not supported yet).
+    The tensor-parallel plan is moved onto PEFT's names: base layers split as before, lora_B split
+    with a colwise base layer (lora_A replicated, its gradient summed), lora_A split with a rowwise
+    one (peft_tp_plan).
 The trace is checked: the traced model and the HF model give the same logits on a batch of another
 shape than the one traced (a shape baked into the trace fails the export).
 
@@ -147,6 +149,47 @@ def wrap_lora(model, args):
         with open(os.path.join(d, "adapter_config.json")) as f:
             adapter_config = json.load(f)
     return wrapped, adapter_config
+
+
+def glob_re(glob):
+    """mfsdp's plan globs: * any run of characters (dots too)."""
+    return re.compile("".join(".*" if c == "*" else re.escape(c) for c in glob))
+
+
+def peft_tp_plan(plan, wrapped):
+    """The transformers model's plan on the PeftModel's names; (plan or None, note). An adapted
+    colwise layer: base_layer colwise, lora_B colwise (its output split like the base's), lora_A
+    replicated with its gradient summed over TP (each rank back-propagates through its slice of
+    lora_B only); its input gradient is partial, like the base layer's, and both are summed by the
+    sequence_gathered block's one reduction, so the layer must sit in such a block. An adapted
+    rowwise layer: base_layer rowwise, lora_A rowwise (input features split, output reduced),
+    lora_B replicated (sequence_parallel: with SP it sees this rank's part of the sequence)."""
+    lora = {n for n, m in wrapped.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
+    names = [n for n, _ in wrapped.named_modules()]
+    blocks = ["base_model.model." + k for k, v in plan.items() if v == "sequence_gathered"]
+    out = {}
+    for key, style in plan.items():
+        pk = "base_model.model." + key
+        rx = glob_re(pk)
+        adapted = [n for n in lora if rx.fullmatch(n)]
+        if not adapted:
+            out[pk] = style
+            continue
+        if len(adapted) != sum(1 for n in names if rx.fullmatch(n)):
+            return None, f"LoRA adapts some of the modules of plan entry {key}, not all: no tensor-parallel plan stored"
+        if style == "colwise":
+            if not all(any(glob_re(b + ".*").fullmatch(n) for b in blocks) for n in adapted):
+                return None, f"LoRA on {key}, a colwise layer outside an attention or MLP block: no tensor-parallel plan stored"
+            out[pk + ".base_layer"] = "colwise"
+            out[pk + ".lora_A.*"] = "replicated_with_grad_allreduce"
+            out[pk + ".lora_B.*"] = "colwise"
+        elif style == "rowwise":
+            out[pk + ".base_layer"] = "rowwise"
+            out[pk + ".lora_A.*"] = "rowwise"
+            out[pk + ".lora_B.*"] = "sequence_parallel"
+        else:
+            return None, f"LoRA on {key} ({style}): no tensor-parallel plan stored"
+    return out, f"tensor-parallel plan of the transformers model on PEFT's names ({len(out)} entries)"
 
 
 def build_config(args):
@@ -284,10 +327,10 @@ def main(argv=None):
 
     if args.tp_plan == "none":
         plan, note = None, "no tensor-parallel plan (--tp-plan none)"
-    elif adapter_config is not None:
-        plan, note = None, "no tensor-parallel plan: LoRA models do not support tensor parallelism yet"
     else:
-        plan, note = derive_tp_plan(model)
+        plan, note = derive_tp_plan(hf_model)
+        if plan and adapter_config is not None:
+            plan, note = peft_tp_plan(plan, model)
     print(f"export_hf: {note}", file=sys.stderr)
     hf_config = cfg.to_dict()
     hf_config["architectures"] = [type(hf_model).__name__]

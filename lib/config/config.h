@@ -30,7 +30,8 @@ const char* to_string(ZeroDpStrategy s);
 //                   as Hugging Face's do: with distributed.sequence_parallel its hidden-state input is
 //                   all-gathered along the sequence at its call (torchtitan's PrepareModuleInput),
 //                   its colwise layers take it as it is, and its rowwise output layer reduce-scatters
-//                   (RowwiseParallel(output_layouts=Shard(1))); without sequence parallelism, nothing
+//                   (RowwiseParallel(output_layouts=Shard(1))); without it, the block's input is
+//                   copied once at its call (its colwise layers' copy, and its gradient's reduction)
 //   replicate       nothing sharded (overrides a broader glob)
 struct TpStyle {
   std::string kind;

@@ -453,7 +453,7 @@ class TensorParallelImpl final : public TensorParallel {
         }
         if (s) called_.insert(target);
       }
-      if (style && style->kind == "sequence_gathered" && sp_) {
+      if (style && style->kind == "sequence_gathered") {
         gather_sequence_at_call(node, first_target);
         ++rewritten_;
         continue;
@@ -496,10 +496,9 @@ class TensorParallelImpl final : public TensorParallel {
     return 0;
   }
 
-  // Whether module `path` lies inside a sequence_gathered block (under sequence parallelism: its
-  // input is already the whole sequence).
+  // Whether module `path` lies inside a sequence_gathered block (whose call site holds the
+  // block's one tp_copy).
   bool inside_gathered(const std::string& path) const {
-    if (!sp_) return false;
     for (const auto& [p, s] : a_.module_styles)
       if (s.kind == "sequence_gathered" && path.rfind(p + ".", 0) == 0) return true;
     return false;
@@ -507,9 +506,11 @@ class TensorParallelImpl final : public TensorParallel {
 
   // A sequence_gathered block's call: its hidden-state argument (the first Tensor one) goes
   // through tp_copy, which under sequence parallelism all-gathers it along the sequence (and
-  // reduce-scatters its gradient, summing the partial input gradients of the colwise layers
-  // inside, which then need no collective of their own). Its rowwise output layer's tp_reduce
-  // reduce-scatters, so the block returns this rank's part of the sequence again.
+  // reduce-scatters its gradient), without it is the identity (and all-reduces its gradient).
+  // Either way that one reduction sums the partial input gradients of everything inside that
+  // reads the block's input from a column slice (its colwise layers, which then need no copy of
+  // their own, and a LoRA adapter's lora_A beside them). Its rowwise output layer's tp_reduce
+  // reduce-scatters under SP, so the block returns this rank's part of the sequence again.
   void gather_sequence_at_call(Node* node, const std::string& path) {
     size_t arg = 0;
     for (size_t i = 1; i < node->inputs().size() && !arg; ++i)
@@ -530,7 +531,7 @@ class TensorParallelImpl final : public TensorParallel {
     if ((k == "colwise" || k == "colwise_rep") && inside_gathered(path)) {
       if (k == "colwise_rep")
         throw ConfigError(a_.plan_source + ": " + path + ": colwise_rep inside a sequence_gathered block is not supported");
-      return;  // the block's input is gathered already; its gradient is reduced there
+      return;  // the block's call holds the copy (and the gradient reduction) of its input
     }
     if (k == "colwise" || k == "colwise_rep") {
       // Colwise calls on the same input (q, k and v projections; gate and up) share one tp_copy:
@@ -608,15 +609,27 @@ class TensorParallelImpl final : public TensorParallel {
 
   // Logits are sharded when the model's return value comes from a colwise module's call (through
   // at most a few single-input casts such as .float()).
+  // A call of an unstyled wrapper module (a PeftModel's base_model, its model) is followed into
+  // that module's graph.
   void detect_sharded_logits() {
     auto& fn = torch::jit::toGraphFunction(model_.module().get_method("forward").function());
     auto g = fn.graph();
+    std::string prefix;
     Value* v = g->return_node()->input(0);
-    for (int hop = 0; hop < 8; ++hop) {
+    for (int hop = 0; hop < 16; ++hop) {
       Node* node = v->node();
       if (node->kind() == c10::prim::CallMethod) {
         auto rel = attr_chain(node->input(0), g->inputs()[0]);
-        const TpStyle* s = rel ? style_of(*rel) : nullptr;
+        if (!rel) return;
+        const std::string path = child_path(prefix, *rel);
+        const TpStyle* s = style_of(path);
+        if (!s && node->s(c10::attr::name) == "forward") {  // a wrapper: into its graph
+          torch::jit::Module sub = submodule_at(model_.module(), path);
+          g = torch::jit::toGraphFunction(sub.get_method("forward").function()).graph();
+          prefix = path;
+          v = g->return_node()->input(0);
+          continue;
+        }
         logits_sharded_ = s && s->kind == "colwise";
         return;
       }

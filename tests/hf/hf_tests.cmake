@@ -143,9 +143,15 @@ add_test(NAME hf_export_only_trainable_needs_lora
                  ${MFSDP_BIN} export --checkpoint ${FX}/hf_qwen2_ckpt_s1_n2/ckpt --format hf --only-trainable
                  --out ${FX}/hf_export_not_lora)
 set_tests_properties(hf_export_only_trainable_needs_lora PROPERTIES FIXTURES_REQUIRED runs_hf_qwen2_ckpt_s1_n2)
+# LoRA under TP (the plan moved onto PEFT's names: lora_B split with a colwise base, lora_A with a
+# rowwise one, a colwise layer's lora_A gradient summed over TP), with SP too.
+mfsdp_hf_run(hf_qwen2_lora_tp2_s3_n4 4 qwen2_lora distributed.tp_size=2 distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_llama_lora_tp2_sp_s1_n4 4 llama_lora distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=1)
+mfsdp_oracle(hf_lora_tp RUNS hf_qwen2_lora_tp2_s3_n4 hf_llama_lora_tp2_sp_s1_n4)
 add_test(NAME hf_lora_tp_refused
          COMMAND ${EXPECT} 2 "there is no tensor-parallel plan" --
-                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_lora.pt
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/gpt2_lora.pt
                  run_dir=${FX}/hf_lora_tp distributed.tp_size=2)
 set_tests_properties(hf_lora_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
 
