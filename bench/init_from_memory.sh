@@ -10,6 +10,13 @@
 #   rules      init_fsdp_with_meta_device alone (mfsdp's initialisation rules, no weights read);
 #   meta       init_fsdp_with_meta_device + model.init_from: each rank maps the file and copies
 #              only its shard (the full model is never built).
+#   hf_file    the same shape as a Hugging Face LlamaForCausalLM (scripts/export_hf.py, traced: tensor
+#              constants and rotary buffers), its weights from the TorchScript file;
+#   hf_meta    that model on the meta device + model.init_from of its save_pretrained directory
+#              (sharded safetensors with an index, bf16 as HF writes by default: converted on read).
+#   meta_units, hf_units   the meta rows with the embedding table and the output head as FSDP units
+#              of their own (distributed.megatron_fsdp_unit_modules), so that strategy 3 gathers each
+#              alone instead of both for the whole step.
 # Peak RSS per rank from /usr/bin/time (max resident set size), max over the ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +46,15 @@ save_file(out, f"{w}/big.safetensors")
 print(sum(v.numel() for v in out.values()))
 PY
 .venv/bin/python scripts/export_model.py --arch llama --layers 2 --d-model 64 --heads 4 --vocab 32000 --out "$W/toy.pt" > /dev/null
+.venv/bin/python - "$W" "$LAYERS" "$D" <<'PY'
+import sys, torch, transformers
+w, layers, d = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+cfg = transformers.LlamaConfig(hidden_size=d, num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=16,
+                               intermediate_size=(8 * d // 3 + 255) // 256 * 256, vocab_size=32000)
+torch.manual_seed(0)
+transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(f"{w}/hf_dir", max_shard_size="200MB")
+PY
+.venv/bin/python scripts/export_hf.py --model-dir "$W/hf_dir" --out "$W/hf.pt" > /dev/null
 params=$(.venv/bin/python -c "
 import torch; m = torch.jit.load('$W/big.pt'); print(sum(p.numel() for p in m.parameters()))")
 model_mib=$((params * 4 / 1048576))
@@ -63,7 +79,17 @@ read -r file_mib file_s < <(run file model.path="$W/big.pt")
 read -r rules_mib rules_s < <(run rules model.path="$W/big.pt" distributed.init_fsdp_with_meta_device=true)
 read -r meta_mib meta_s < <(run meta model.path="$W/big.pt" distributed.init_fsdp_with_meta_device=true \
   model.init_from="$W/big.safetensors")
+read -r hf_file_mib hf_file_s < <(run hf_file model.path="$W/hf.pt")
+read -r hf_meta_mib hf_meta_s < <(run hf_meta model.path="$W/hf.pt" distributed.init_fsdp_with_meta_device=true \
+  model.init_from="$W/hf_dir")
+read -r meta_units_mib meta_units_s < <(run meta_units model.path="$W/big.pt" distributed.init_fsdp_with_meta_device=true \
+  model.init_from="$W/big.safetensors" "distributed.megatron_fsdp_unit_modules=[DecoderLayer, embed_tokens, lm_head]")
+read -r hf_units_mib hf_units_s < <(run hf_units model.path="$W/hf.pt" distributed.init_fsdp_with_meta_device=true \
+  model.init_from="$W/hf_dir" "distributed.megatron_fsdp_unit_modules=[LlamaDecoderLayer, model.embed_tokens, lm_head]")
 grep -h "initial weights" "$W/meta.log" | head -1 > "$W/init_line" || true
+grep -h "initial weights\|left unread" "$W/hf_meta.log" | head -2 >> "$W/init_line" || true
+grep -h "memory on rank" "$W/meta.log" "$W/meta_units.log" "$W/hf_units.log" | sed 's/^/(rank 0) /' >> "$W/init_line" || true
+hf_shards=$(ls "$W/hf_dir"/*.safetensors | wc -l)
 {
   echo "# model.init_from: per-rank peak memory"
   echo
@@ -77,13 +103,18 @@ grep -h "initial weights" "$W/meta.log" | head -1 > "$W/init_line" || true
   echo "| baseline (2-layer toy model) | $base_mib | 0 | - | $base_s |"
   for row in "file:weights from the TorchScript file:$file_mib:$file_s" \
              "rules:meta device + mfsdp's init rules (no weights read):$rules_mib:$rules_s" \
-             "meta:meta device + model.init_from (safetensors):$meta_mib:$meta_s"; do
+             "meta:meta device + model.init_from (safetensors):$meta_mib:$meta_s" \
+             "hf_file:HF LlamaForCausalLM, weights from the TorchScript file:$hf_file_mib:$hf_file_s" \
+             "hf_meta:HF LlamaForCausalLM, meta device + model.init_from (save_pretrained dir, $hf_shards bf16 shards):$hf_meta_mib:$hf_meta_s" \
+             "meta_units:meta device + model.init_from, embedding and head as units:$meta_units_mib:$meta_units_s" \
+             "hf_units:HF LlamaForCausalLM, meta device + model.init_from, embedding and head as units:$hf_units_mib:$hf_units_s"; do
     IFS=: read -r _ label mib s <<< "$row"
     echo "| $label | $mib | $((mib - base_mib)) | $(echo "scale=2; ($mib - $base_mib) / $model_mib" | bc) | $s |"
   done
   echo
   echo "Expected for the meta row: this rank's shard of the weights and of the gradients (2 x model / $NP),"
-  echo "plus the gathered units of a step; the file row holds the whole model first. Log of the meta run:"
-  echo "\`$(cut -c1-200 "$W/init_line")\`"
+  echo "plus the gathered units of a step; the file row holds the whole model first. Log of the meta runs:"
+  echo
+  while read -r line; do echo "    ${line:0:220}"; done < "$W/init_line"
 } > "$OUT"
 cat "$OUT"

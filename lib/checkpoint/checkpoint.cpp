@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -28,6 +29,7 @@
 #include "model/model.h"
 #include "optim/optimizer.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -701,29 +703,6 @@ const char* hf_dtype_name(at::ScalarType t) {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-// PEFT's names in a model file (export_hf.py wraps the transformers model in a PeftModel):
-//   base_model.model.<hf module>.base_layer.weight        the adapted layer's own weight
-//   base_model.model.<hf module>.lora_A.<adapter>.weight  [r, in]
-//   base_model.model.<hf module>.lora_B.<adapter>.weight  [out, r]
-//   base_model.model.<hf name>                             everything else (peft_to_hf_name maps them)
-// ".lora_A.default.weight" -> ("lora_A", "default"); empty when `name` is no LoRA parameter.
-std::pair<std::string, std::string> lora_part(const std::string& name, std::string* module) {
-  for (const char* ab : {".lora_A.", ".lora_B."}) {
-    auto at = name.find(ab);
-    if (at == std::string::npos) continue;
-    const size_t rest = at + std::strlen(ab);
-    auto dot = name.find('.', rest);
-    if (dot == std::string::npos || name.substr(dot) != ".weight") return {};
-    if (module) *module = name.substr(0, at);
-    return {std::string(ab).substr(1, 6), name.substr(rest, dot - rest)};
-  }
-  return {};
-}
-
 // One tensor of a Hugging Face directory being written: its name, shape and how to read it.
 struct HfEntry {
   std::string name;
@@ -850,7 +829,9 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
       peft["base_model_name_or_path"] = hf["_name_or_path"];
     }
     files.push_back({"adapter_config.json", peft.dump(2) + "\n"});
-    write_hf_dir(out, entries, dtype, max_shard_bytes, "adapter_model", files);
+    // One file whatever --max-shard-size says: PeftModel.from_pretrained reads adapter_model.safetensors
+    // only, never an index of shards.
+    write_hf_dir(out, entries, dtype, std::numeric_limits<int64_t>::max(), "adapter_model", files);
     return;
   }
   // Merged: every non-LoRA parameter under its transformers name; an adapted layer's weight with

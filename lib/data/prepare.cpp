@@ -28,6 +28,7 @@
 #include "data/token_source.h"
 #include "tokenizer/text.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace mfsdp {
 
@@ -35,10 +36,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool ends_with(const std::string& s, const char* suf) {
-  size_t n = std::char_traits<char>::length(suf);
-  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
-}
 bool jsonl_name(std::string p) {
   for (const char* c : {".gz", ".zst", ".zstd"})
     if (ends_with(p, c)) p.resize(p.size() - std::char_traits<char>::length(c));

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace mfsdp {
 
@@ -17,9 +18,6 @@ namespace {
 bool exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;
-}
-bool ends_with(const std::string& s, const std::string& suf) {
-  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
 template <class T>
 T load(const uint8_t* p) {

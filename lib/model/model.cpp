@@ -4,10 +4,12 @@
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
+#include <cstring>
 #include <map>
 #include <regex>
 #include <set>
 
+#include "model/skeleton_load.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -56,7 +58,17 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   m.device_ = device;
   try {
     torch::jit::ExtraFilesMap extra{{"mfsdp/tp_plan.json", ""}, {"mfsdp/trainable.json", ""}};
-    m.module_ = torch::jit::load(path, on_meta ? c10::Device(c10::kMeta) : device, extra);
+    if (on_meta) {
+      SkeletonStats st;
+      m.module_ = load_skeleton(path, extra, &st);
+      m.load_note_ = fmt::format("model loaded without its parameters' bytes (init_fsdp_with_meta_device): {} tensor "
+                                 "records ({:.1f} MiB) left unread; buffers read back: {} ({:.1f} KiB)",
+                                 st.records_skipped - st.tensors_read_back,
+                                 (st.bytes_skipped - st.bytes_read_back) / 1048576.0, st.tensors_read_back,
+                                 st.bytes_read_back / 1024.0);
+    } else {
+      m.module_ = torch::jit::load(path, device, extra);
+    }
     m.stored_tp_plan_ = extra["mfsdp/tp_plan.json"];
     m.stored_trainable_ = extra["mfsdp/trainable.json"];
   } catch (const c10::Error& e) {
@@ -89,18 +101,22 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   }
   if (m.params_.empty()) throw UserError(path + ": the model has no parameters to train");
   if (on_meta) {
-    std::vector<std::string> lost;
-    for (const auto& nb : m.module_.named_buffers(true))
-      if (nb.value.numel() > 0) lost.push_back(nb.name);
-    if (!lost.empty())
-      throw UserError(path + ": distributed.init_fsdp_with_meta_device loads the model without its tensors, but it has "
-                      "buffers whose values exist only in the file (" + join(lost, ", ") + "); compute them in forward "
-                      "(as scripts/export_model.py does for rotary frequencies) or set init_fsdp_with_meta_device: false");
     // Placeholders of the right shape; at::empty touches no pages, and the engine replaces the data.
+    // Dropping the loaded tensors unmaps their unread storage.
     for (auto& p : m.params_) {
       p.tensor = at::empty(p.tensor.sizes(), at::TensorOptions().dtype(p.tensor.scalar_type())).set_requires_grad(true);
       set_param(m.module_, p.name, p.tensor);
     }
+    // Buffers were read on the CPU; they go where a normal load puts them.
+    if (!device.is_cpu())
+      for (const auto& sub : m.module_.modules()) {
+        auto type = sub.type();
+        for (size_t i = 0; i < type->numAttributes(); ++i) {
+          if (type->is_parameter(i)) continue;
+          c10::IValue v = sub._ivalue()->getSlot(i);
+          if (v.isTensor() && v.toTensor().defined()) sub._ivalue()->setSlot(i, v.toTensor().to(device));
+        }
+      }
   }
   for (auto& p : m.params_)
     for (const auto& alias : p.aliases) set_param(m.module_, alias, p.tensor);
@@ -117,6 +133,19 @@ std::string peft_to_hf_name(const std::string& name) {
 
 bool is_lora_param(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
+
+std::pair<std::string, std::string> lora_part(const std::string& name, std::string* module) {
+  for (const char* ab : {".lora_A.", ".lora_B."}) {
+    auto at = name.find(ab);
+    if (at == std::string::npos) continue;
+    const size_t rest = at + std::strlen(ab);
+    auto dot = name.find('.', rest);
+    if (dot == std::string::npos || name.substr(dot) != ".weight") return {};
+    if (module) *module = name.substr(0, at);
+    return {std::string(ab).substr(1, 6), name.substr(rest, dot - rest)};
+  }
+  return {};
 }
 
 int64_t ModelParam::global_numel() const {
@@ -297,8 +326,18 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
     for (int pi : units_[u].params) params_[pi].unit = static_cast<int>(u);
   if (units_.empty())
     return "no repeated sibling modules: the whole model is one unit (set distributed.megatron_fsdp_unit_modules)";
-  return fmt::format("{} units of class {} ({}{}){}", units_.size(), units_.front().class_name, units_.front().path,
-                     units_.size() > 1 ? " .. " + units_.back().path : "", patterns ? "" : ", auto-detected");
+  // "22 units: 20 of class DecoderLayer (layers.0 .. layers.19), Embedding (embed_tokens), Linear (lm_head)"
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_class;  // in order of first unit
+  for (const auto& u : units_) {
+    auto it = std::find_if(by_class.begin(), by_class.end(), [&](const auto& c) { return c.first == u.class_name; });
+    if (it == by_class.end()) by_class.push_back({u.class_name, {u.path}});
+    else it->second.push_back(u.path);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [cls, paths] : by_class)
+    parts.push_back(fmt::format("{}{} ({}{})", paths.size() > 1 ? fmt::format("{} of class ", paths.size()) : "",
+                                cls, paths.front(), paths.size() > 1 ? " .. " + paths.back() : ""));
+  return fmt::format("{} units: {}{}", units_.size(), join(parts, ", "), patterns ? "" : ", auto-detected");
 }
 
 }  // namespace mfsdp

@@ -34,13 +34,15 @@ struct ModelUnit {
 class Model {
  public:
   // Loads `path`; errors name the file. Parameters sharing storage become one parameter.
-  // on_meta: tensors go to the meta device (read one at a time and dropped: the file's weights never
-  // exist in memory); parameters become empty CPU placeholders for the engine to fill shard by
-  // shard. A model with non-empty buffers cannot be loaded so: its buffer values live only in the file.
+  // on_meta: the parameters' bytes are not read (load_skeleton: the file's weights never exist in
+  // memory); parameters become empty CPU placeholders for the engine to fill shard by shard;
+  // buffers are read and put on `device`.
   // device: where the parameters and buffers go (the file is mapped straight onto it); with
   // on_meta the placeholders stay on the CPU and the engine allocates the shards on `device`.
   static Model load(const std::string& path, bool on_meta = false, c10::Device device = c10::Device(c10::kCPU));
   bool loaded_on_meta() const { return on_meta_; }
+  // What the load did, for the log ("" for a normal load).
+  const std::string& load_note() const { return load_note_; }
   c10::Device device() const { return device_; }
 
   torch::jit::Module& module() { return module_; }
@@ -91,16 +93,24 @@ class Model {
   std::vector<ModelParam> params_;
   std::vector<ModelUnit> units_;
   bool on_meta_ = false;
+  std::string load_note_;
   c10::Device device_{c10::kCPU};
   std::string stored_tp_plan_;
   std::string stored_trainable_;
 };
 
-// PEFT's names (a LoRA model from scripts/export_hf.py --lora-r) to the transformers model's:
-// "base_model.model.X.base_layer.weight" -> "X.weight", "base_model.model.Y" -> "Y"; other names
-// unchanged. is_lora_param: an adapter tensor ("...q_proj.lora_A.default.weight", lora_B too).
+// PEFT's names in a model file (export_hf.py wraps the transformers model in a PeftModel):
+//   base_model.model.<hf module>.base_layer.weight        the adapted layer's own weight
+//   base_model.model.<hf module>.lora_A.<adapter>.weight  [r, in]
+//   base_model.model.<hf module>.lora_B.<adapter>.weight  [out, r]
+//   base_model.model.<hf name>                             everything else
+// peft_to_hf_name: to the transformers model's names ("X.base_layer.weight" -> "X.weight", the
+// prefix dropped; other names unchanged). is_lora_param: an adapter tensor (lora_A or lora_B, any
+// suffix). lora_part: ".lora_A.default.weight" -> ("lora_A", "default") and the module before it;
+// empty for anything but an adapter weight.
 std::string peft_to_hf_name(const std::string& name);
 bool is_lora_param(const std::string& name);
+std::pair<std::string, std::string> lora_part(const std::string& name, std::string* module);
 
 // "__torch__.___torch_mangle_3.Block" -> "Block"; "__torch__.model.Block" -> "model.Block" kept
 // for qualified matching by qualified_class_name().

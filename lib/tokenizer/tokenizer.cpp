@@ -14,6 +14,7 @@
 #include "tokenizer/json_ids.h"
 #include "tokenizer/text.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 #ifdef MFSDP_HAVE_SENTENCEPIECE
 #include <sentencepiece_processor.h>
@@ -193,10 +194,6 @@ bool is_dir(const std::string& p) {
 bool is_file(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-bool ends_with(const std::string& s, const char* suf) {
-  size_t n = std::char_traits<char>::length(suf);
-  return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 namespace mfsdp {
 
 std::vector<std::string> split(const std::string& s, char sep);
+bool ends_with(const std::string& s, const std::string& tail);
 std::string join(const std::vector<std::string>& parts, const std::string& sep);
 // Levenshtein distance, for "did you mean" suggestions.
 size_t edit_distance(const std::string& a, const std::string& b);

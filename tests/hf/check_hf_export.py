@@ -100,7 +100,9 @@ def check_adapter(a, merged, mine, tokens, pos, want, check):
     import peft
     from safetensors.torch import load_file
     adir = os.path.join(a.work, "adapter")
-    c = [a.mfsdp, "export", "--checkpoint", a.checkpoint, "--format", "hf", "--only-trainable", "--out", adir]
+    # A shard size below the adapters' size: PEFT reads one adapter_model.safetensors, never shards.
+    c = [a.mfsdp, "export", "--checkpoint", a.checkpoint, "--format", "hf", "--only-trainable", "--max-shard-size", "1KB",
+         "--out", adir]
     p = subprocess.run(c, capture_output=True, text=True)
     print(p.stdout.strip())
     if p.returncode != 0:
@@ -139,6 +141,22 @@ def check_adapter(a, merged, mine, tokens, pos, want, check):
     saved = load_file(os.path.join(adir, "adapter_model.safetensors"))
     check("adapter keys are PEFT's (the adapter name taken out)", all(".default." not in k for k in saved) and
           len(saved) == len(lora), str(sorted(saved)[:2]))
+    # --only-trainable --format safetensors: the trained tensors under the model file's own names.
+    flat = os.path.join(a.work, "trainable.safetensors")
+    c = [a.mfsdp, "export", "--checkpoint", a.checkpoint, "--format", "safetensors", "--only-trainable", "--out", flat]
+    p = subprocess.run(c, capture_output=True, text=True)
+    check("export --only-trainable --format safetensors succeeds", p.returncode == 0, p.stderr.strip()[-300:])
+    if p.returncode == 0:
+        got = load_file(flat)
+        check(f"--only-trainable --format safetensors holds exactly the trained adapters ({len(got)} tensors, as trained)",
+              sorted(got) == sorted(lora) and all(torch.equal(got[n].float(), lora[n].detach().float()) for n in lora),
+              f"{sorted(set(got) ^ set(lora))[:4]}")
+    c = [a.mfsdp, "export", "--checkpoint", a.checkpoint, "--format", "torchscript", "--only-trainable", "--out",
+         os.path.join(a.work, "refused.pt")]
+    p = subprocess.run(c, capture_output=True, text=True)
+    check("--only-trainable --format torchscript is refused (exit 2, naming the formats that take it)",
+          p.returncode == 2 and "with --format safetensors" in p.stderr and not os.path.exists(c[-1]),
+          f"exit {p.returncode}: {p.stderr.strip()[-200:]}")
 
 
 if __name__ == "__main__":

@@ -237,12 +237,16 @@ add_test(NAME hf_init_weights COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR
 set_tests_properties(hf_init_weights PROPERTIES FIXTURES_REQUIRED "train;hf_models" FIXTURES_SETUP hf_init_weights TIMEOUT 300)
 mfsdp_hf_run(hf_llama_init_tp2_s3_n4 4 llama distributed.tp_size=2 distributed.zero_dp_strategy=3
              model.init_from=${HFX}/llama_pretrained)
+# The same on the meta device: a traced HF model (tensor constants, rotary buffers) loaded without
+# its parameters' bytes.
+mfsdp_hf_run(hf_llama_init_meta_tp2_s3_n4 4 llama distributed.tp_size=2 distributed.zero_dp_strategy=3
+             model.init_from=${HFX}/llama_pretrained distributed.init_fsdp_with_meta_device=true)
 mfsdp_train_run(llama_init_meta_s3_n2 2 model.path=${FX}/llama.pt distributed.zero_dp_strategy=3
                 distributed.init_fsdp_with_meta_device=true model.init_from=${FX}/llama_renamed.safetensors
                 "model.init_from_rename=[\"^backbone\\\\.rotary\\\\.inv_freq$=\", \"^backbone\\\\.=\"]")
-set_tests_properties(run_hf_llama_init_tp2_s3_n4 run_llama_init_meta_s3_n2 PROPERTIES
+set_tests_properties(run_hf_llama_init_tp2_s3_n4 run_hf_llama_init_meta_tp2_s3_n4 run_llama_init_meta_s3_n2 PROPERTIES
                      FIXTURES_REQUIRED "train;hf_models;hf_init_weights")
-mfsdp_oracle(init_from RUNS hf_llama_init_tp2_s3_n4 llama_init_meta_s3_n2)
+mfsdp_oracle(init_from RUNS hf_llama_init_tp2_s3_n4 hf_llama_init_meta_tp2_s3_n4 llama_init_meta_s3_n2)
 add_test(NAME init_from_names_do_not_fit
          COMMAND ${EXPECT} 2 "model.init_from does not fit .*missing \\(in the model, not in the files\\): embed_tokens.weight.*unexpected \\(in the files, not in the model\\): backbone" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/llama.pt run_dir=${FX}/init_bad

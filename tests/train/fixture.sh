@@ -20,10 +20,10 @@ export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 
 # in foreign.yaml (fused q/k/v with unequal GQA parts, a colwise_rep output head).
 "$PY" "$here/tests/train/foreign_model.py" "$out/foreign.pt"
 "$PY" "$here/tests/train/foreign_model.py" "$out/foreign_hf.pt" --hf  # body under `model`, head at the root
+"$PY" "$here/tests/train/foreign_model.py" "$out/foreign_buf.pt" --pos-buffer  # a 128 KiB buffer, + foreign_buf.safetensors
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
-export_model --arch llama --layers 1 --d-model 32 --heads 2 --vocab 264 --rope-buffer --out "$out/llama_rope_buffer.pt"
 # Four units: double buffering reuses each of its two buffers; gathers per unit are countable.
 export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --out "$out/gpt4.pt"
 # Residual dropout: activation checkpointing must replay the same masks in its recompute.

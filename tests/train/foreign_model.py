@@ -3,10 +3,13 @@
 README's model contract: torchtitan-style names, a fused q/k/v projection with grouped-query
 attention (unequal packed parts), no stored tensor-parallel plan (its plan lives in the test YAML).
 
-    foreign_model.py OUT.pt [--hf]
+    foreign_model.py OUT.pt [--hf | --pos-buffer]
 
 --hf wraps it the Hugging Face way: the body under `model` (model.layers.N, model.norm) and the
 output head `lm_head` at the root, so that the units and the final norm sit one level down.
+--pos-buffer keeps the position table in a buffer (pos_table, 512 x 64 fp32 = 128 KiB: above the
+size whose bytes a meta-device load leaves unread, so the load must read it back) instead of a
+parameter, and writes the parameters beside OUT.pt as OUT.safetensors (for model.init_from).
 """
 import sys
 
@@ -66,16 +69,20 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, vocab: int = 264, dim: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2):
+    def __init__(self, vocab: int = 264, dim: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2,
+                 pos_buffer: bool = False):
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
         self.pos_embeddings = nn.Embedding(128, dim)
+        self.pos_buffer = pos_buffer
+        self.register_buffer("pos_table", torch.randn(512, dim) if pos_buffer else torch.zeros(0), persistent=False)
         self.layers = nn.ModuleList([TransformerBlock(dim, n_heads, n_kv) for _ in range(n_layers)])
         self.norm = nn.LayerNorm(dim)
         self.output = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens) + self.pos_embeddings(position_ids)
+        h = self.tok_embeddings(tokens)
+        h = h + (self.pos_table[position_ids] if self.pos_buffer else self.pos_embeddings(position_ids))
         for layer in self.layers:
             h = layer(h)
         return self.output(self.norm(h))
@@ -106,9 +113,15 @@ class HfBody(nn.Module):
 
 if __name__ == "__main__":
     torch.manual_seed(7)
-    model = HfCausalLM() if "--hf" in sys.argv[2:] else Transformer()
+    buf = "--pos-buffer" in sys.argv[2:]
+    model = HfCausalLM() if "--hf" in sys.argv[2:] else Transformer(pos_buffer=buf)
+    if buf:
+        model.pos_embeddings = nn.Identity()  # not called: the buffer holds the positions
     for name, p in model.named_parameters():
         if p.dim() == 2:
             nn.init.normal_(p, 0.0, 0.02)
     torch.jit.script(model).save(sys.argv[1])
+    if buf:
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in model.named_parameters()}, sys.argv[1].rsplit(".", 1)[0] + ".safetensors")
     print(f"wrote {sys.argv[1]}: {sum(p.numel() for p in model.parameters())} parameters")
