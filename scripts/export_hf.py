@@ -27,8 +27,9 @@ What the file holds:
     PyTorch oracle (tests/oracle/reference_trainer.py trains the HF model from it);
   - mfsdp/tp_plan.json: the tensor-parallel plan derived from the config's base_model_tp_plan (its
     module globs under the base model's prefix; colwise, rowwise and replicated_with_grad_allreduce
-    kept), plus a vocab-parallel embedding and a colwise output head; styles mfsdp cannot apply
-    (colwise_gather_output, rowwise_split_input, ...) drop the plan, with a note;
+    kept, colwise_gather_output and rowwise_split_input as colwise_rep and rowwise_rep; GPT-2, whose
+    config has none, gets BUILTIN_TP_PLANS), plus a vocab-parallel embedding and a colwise output
+    head; styles mfsdp cannot apply drop the plan, with a note;
   - mfsdp/hf_export.json: the family, the class, the transformers and torch versions;
   - with LoRA: the PeftModel itself (PEFT's names, base_model.model.model.layers.N...q_proj.lora_A.default
     .weight), mfsdp/trainable.json (the parameters PEFT leaves trainable: mfsdp's default
@@ -68,17 +69,37 @@ def parse_value(text):
 
 
 # HF styles mfsdp applies as they are, and the ones it does not (the plan is then left out).
-KEPT_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "replicated_with_grad_allreduce"}
+# HF's plan styles and mfsdp's: colwise_gather_output (Phi-3's fused qkv_proj and gate_up_proj:
+# the output gathered, since the caller splits it by fixed widths) is colwise_rep, and the
+# rowwise_split_input after it (the input replicated, each rank taking its slice) rowwise_rep.
+KEPT_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "replicated_with_grad_allreduce",
+               "colwise_gather_output": "colwise_rep", "rowwise_split_input": "rowwise_rep"}
+
+
+# Plans for families whose config has no base_model_tp_plan, in mfsdp's styles, keyed like one
+# (under the base model's prefix). GPT-2: Conv1D projections (mfsdp splits their [in, out] weights
+# along out for colwise, along in for rowwise); c_attn packs q, k and v, so each of the three parts
+# is split (colwise:3) and the caller's split(n_embd) becomes split(n_embd / tp).
+BUILTIN_TP_PLANS = {
+    "gpt2": {"h.*.attn.c_attn": "colwise:3", "h.*.attn.c_proj": "rowwise",
+             "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise"},
+}
 
 
 def derive_tp_plan(model):
-    """mfsdp's plan from the config's base_model_tp_plan; (plan or None, note)."""
+    """mfsdp's plan from the config's base_model_tp_plan (or BUILTIN_TP_PLANS); (plan or None, note)."""
     base_plan = getattr(model.config, "base_model_tp_plan", None) or {}
+    builtin = not base_plan and model.config.model_type in BUILTIN_TP_PLANS
+    if builtin:
+        base_plan = BUILTIN_TP_PLANS[model.config.model_type]
     if not base_plan:
         return None, f"{type(model.config).__name__} has no base_model_tp_plan: no tensor-parallel plan stored"
     prefix = model.base_model_prefix
     plan = {}
     for key, style in base_plan.items():
+        if builtin:
+            plan[f"{prefix}.{key}"] = style
+            continue
         if style not in KEPT_STYLES:
             return None, (f"base_model_tp_plan entry {key}: {style} is not a style mfsdp applies (it keeps "
                           f"{', '.join(KEPT_STYLES)}): no tensor-parallel plan stored; give distributed.tp_plan")
@@ -87,7 +108,9 @@ def derive_tp_plan(model):
     # from its input, so each block holding colwise/rowwise layers (attention, MLP) works on the
     # gathered sequence (sequence_gathered), and the norms between them on this rank's part of it
     # (sequence_parallel: their gradients summed over TP). Without sequence parallelism both are no-ops.
-    blocks = {key.rsplit(".", 1)[0] for key, style in base_plan.items() if style in ("colwise", "rowwise") and "." in key}
+    blocks = {key.rsplit(".", 1)[0] for key, style in base_plan.items()
+              if style.split(":")[0] in ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
+              and "." in key}
     for blk in sorted(blocks):
         plan.setdefault(f"{prefix}.{blk}", "sequence_gathered")
     for name, mod in model.named_modules():
@@ -105,7 +128,8 @@ def derive_tp_plan(model):
     if head is not None and isinstance(head, __import__("torch").nn.Linear) and head.bias is None:
         head_name = next(n for n, m in model.named_modules() if m is head)
         plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
-    return plan, f"tensor-parallel plan from {type(model.config).__name__}.base_model_tp_plan ({len(plan)} entries)"
+    origin = f"mfsdp's plan for {model.config.model_type}" if builtin else f"{type(model.config).__name__}.base_model_tp_plan"
+    return plan, f"tensor-parallel plan from {origin} ({len(plan)} entries)"
 
 
 def wrap_lora(model, args):

@@ -62,6 +62,34 @@ ResolvedPlan resolve_plan(const Model& model, const Config& cfg) {
   return r;
 }
 
+// Hugging Face's Conv1D (transformers.pytorch_utils.Conv1D: GPT-2's projections) computes
+// addmm(bias, x.view(-1, in), weight).view(..., nf): a Linear whose weight is stored transposed
+// ([in, out]), with the output width baked into the trace's view. Its aten::addmm node, or nullptr
+// (for anything else, a Linear included).
+Node* conv1d_node(const torch::jit::Module& mod) {
+  if (!mod.find_method("forward")) return nullptr;
+  auto& fn = torch::jit::toGraphFunction(mod.get_method("forward").function());
+  auto g = fn.graph();
+  auto self_attr = [&](Value* v, const char* name) {
+    return v->node()->kind() == c10::prim::GetAttr && v->node()->input(0) == g->inputs()[0] &&
+           v->node()->s(c10::attr::name) == name;
+  };
+  auto one = [](Value* v) {
+    auto c = torch::jit::toIValue(v);
+    return c && ((c->isInt() && c->toInt() == 1) || (c->isDouble() && c->toDouble() == 1.0));
+  };
+  Node* found = nullptr;
+  for (Node* n : g->nodes()) {
+    if (n->kind() == c10::aten::linear) return nullptr;
+    if (n->kind() != c10::aten::addmm) continue;
+    if (found || n->inputs().size() != 5 || !self_attr(n->input(0), "bias") || !self_attr(n->input(2), "weight") ||
+        !one(n->input(3)) || !one(n->input(4)))
+      return nullptr;
+    found = n;
+  }
+  return found;
+}
+
 // The module path of `v` relative to the graph's `self`, when v is a chain of GetAttr from it.
 std::optional<std::string> attr_chain(Value* v, Value* self) {
   std::vector<std::string> parts;
@@ -78,7 +106,7 @@ std::optional<std::string> attr_chain(Value* v, Value* self) {
 std::string shape_str(const std::vector<int64_t>& s) { return "[" + fmt::format("{}", fmt::join(s, ", ")) + "]"; }
 
 bool style_splits_weight(const std::string& k) {
-  return k == "colwise" || k == "colwise_rep" || k == "rowwise" || k == "vocab_parallel";
+  return k == "colwise" || k == "colwise_rep" || k == "rowwise" || k == "rowwise_rep" || k == "vocab_parallel";
 }
 
 }  // namespace
@@ -169,15 +197,17 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
       if (w < 0 || model.params()[size_t(w)].tensor.dim() != 2)
         fail(e, fmt::format("module {} (class {}) has no 2-D parameter 'weight'; {} applies to Linear{} modules", nm.name,
                             unqualified_class_name(nm.value), k, k == "vocab_parallel" ? " and Embedding" : ""));
-      if (k == "rowwise") {
-        assign(w, 1, {});
+      // A Conv1D's weight is [in, out]: its output dimension is 0 for a Linear, 1 here.
+      const bool conv1d = k != "vocab_parallel" && conv1d_node(nm.value) != nullptr;
+      if (k == "rowwise" || k == "rowwise_rep") {
+        assign(w, conv1d ? 0 : 1, {});
         const int b = param_of("bias");
         if (b >= 0 && sp) a.grad_sum[size_t(b)] = true;  // added after the reduce-scatter: partial sums
         if (b >= 0 && a.param_styles[size_t(b)].empty()) a.param_styles[size_t(b)] = "rowwise (bias)";
       } else if (k == "vocab_parallel") {
         assign(w, 0, {});
       } else {
-        assign(w, 0, style.parts);
+        assign(w, conv1d ? 1 : 0, style.parts);
         const int b = param_of("bias");
         if (b >= 0) assign(b, 0, style.parts);
       }
@@ -528,22 +558,32 @@ class TensorParallelImpl final : public TensorParallel {
     if (arg == 0) throw UserError(path + ": a " + style.kind + " module must take a Tensor argument");
     Value* x = node->input(arg);
     const std::string& k = style.kind;
-    if ((k == "colwise" || k == "colwise_rep") && inside_gathered(path)) {
-      if (k == "colwise_rep")
-        throw ConfigError(a_.plan_source + ": " + path + ": colwise_rep inside a sequence_gathered block is not supported");
-      return;  // the block's call holds the copy (and the gradient reduction) of its input
+    if (k == "rowwise_rep") {
+      // rowwise on a replicated input (HF's rowwise_split_input, after a colwise_rep layer): this
+      // rank's slice of the input features first, whose gradient is all-gathered back.
+      torch::jit::WithInsertPoint guard(node);
+      x = insert_op(g, "mfsdp::tp_split_last", {x}, x->type());
+      node->replaceInput(arg, x);
+    }
+    if (k == "colwise" || k == "colwise_rep" || k == "rowwise" || k == "rowwise_rep")
+      if (Node* mm = conv1d_node(mod)) return rewrite_conv1d(node, mm, arg, style, path);
+    // Inside a sequence_gathered block the block's call holds the copy (and the gradient
+    // reduction) of the input. colwise_rep's gathered output then feeds replicated code on the
+    // whole sequence, whose gradient it slices back to this rank's columns: a partial input
+    // gradient like a colwise layer's, summed by the same one reduction.
+    if (k == "colwise" && inside_gathered(path)) return;
+    if (k == "colwise_rep" && inside_gathered(path)) {
+      torch::jit::WithInsertPoint guard(node->next());
+      Value* y = node->output();
+      Value* full = insert_op(g, "mfsdp::tp_gather_last", {y}, y->type());
+      y->replaceAllUsesAfterNodeWith(full->node(), full);
+      return;
     }
     if (k == "colwise" || k == "colwise_rep") {
       // Colwise calls on the same input (q, k and v projections; gate and up) share one tp_copy:
       // one all-gather forward (sequence parallel) and one reduction of the summed input
       // gradient backward, as a fused projection would have.
-      auto key = std::make_pair(node->owningBlock(), x);
-      auto it = copies_.find(key);
-      if (it == copies_.end()) {
-        torch::jit::WithInsertPoint guard(node);
-        it = copies_.emplace(key, insert_op(g, "mfsdp::tp_copy", {x}, x->type())).first;
-      }
-      node->replaceInput(arg, it->second);
+      node->replaceInput(arg, shared_copy(node, x));
       if (k == "colwise_rep") {
         torch::jit::WithInsertPoint guard(node->next());
         Value* y = node->output();
@@ -561,7 +601,7 @@ class TensorParallelImpl final : public TensorParallel {
       Value* y = node->output();
       Value* reduced = insert_op(g, "mfsdp::tp_vocab_reduce", {y, x, start, end}, y->type());
       y->replaceAllUsesAfterNodeWith(reduced->node(), reduced);
-    } else if (k == "rowwise") {
+    } else if (k == "rowwise" || k == "rowwise_rep") {
       // The module must be a plain linear layer: its call becomes tp_reduce(linear(x, W)) + b.
       Node* lin = linear_node(mod);
       bool other = false;
@@ -569,7 +609,7 @@ class TensorParallelImpl final : public TensorParallel {
         for (Node* n : lin->owningGraph()->nodes())
           if (n != lin && n->kind() != c10::prim::GetAttr && n->kind() != c10::prim::Constant) other = true;
       if (!lin || other)
-        throw ConfigError(a_.plan_source + ": rowwise applies to Linear modules (forward(x) = linear(x, weight, bias)); " +
+        throw ConfigError(a_.plan_source + ": rowwise applies to Linear modules (forward(x) = linear(x, weight, bias)) and HF Conv1D ones; " +
                           path + " (class " + unqualified_class_name(mod) + ") computes something else");
       torch::jit::WithInsertPoint guard(node);
       Value* w = at_call_site(lin->input(1), node);
@@ -581,6 +621,58 @@ class TensorParallelImpl final : public TensorParallel {
       if (b) y = insert_op(g, "aten::add", {y, b}, y->type());
       node->output()->replaceAllUsesWith(y);
       node->destroy();
+    }
+  }
+
+  // One tp_copy per input value and block, shared by the colwise calls that read it.
+  Value* shared_copy(Node* node, Value* x) {
+    auto key = std::make_pair(node->owningBlock(), x);
+    auto it = copies_.find(key);
+    if (it == copies_.end()) {
+      torch::jit::WithInsertPoint guard(node);
+      it = copies_.emplace(key, insert_op(*node->owningGraph(), "mfsdp::tp_copy", {x}, x->type())).first;
+    }
+    return it->second;
+  }
+
+  // A Conv1D call becomes x @ W + b on this rank's slice of W, at the call site (so the width its
+  // own graph bakes in never applies): colwise (W [in, out/tp], b [out/tp]) behind the input's
+  // tp_copy, with tp_gather_last for colwise_rep; rowwise (W [in/tp, out]) reduced before the bias.
+  // A packed colwise output (GPT-2's c_attn: q, k, v) is cut by its caller with
+  // aten::split(y, part, -1); that constant is a global part width and becomes the local one.
+  void rewrite_conv1d(Node* node, Node* mm, size_t arg, const TpStyle& style, const std::string& path) {
+    torch::jit::Graph& g = *node->owningGraph();
+    const std::string& k = style.kind;
+    torch::jit::WithInsertPoint guard(node);
+    Value* w = at_call_site(mm->input(2), node);
+    Value* b = at_call_site(mm->input(0), node);
+    if (!w || !b) throw ConfigError(a_.plan_source + ": " + k + " module " + path + ": cannot follow its weight and bias to the call site");
+    Value* x = node->input(arg);
+    Value* y = nullptr;
+    if (k == "rowwise" || k == "rowwise_rep") {
+      Value* z = insert_op(g, "aten::matmul", {x, w}, node->output()->type());
+      y = insert_op(g, "mfsdp::tp_reduce", {z}, z->type());
+      y = insert_op(g, "aten::add", {y, b}, y->type());
+    } else {
+      if (!inside_gathered(path)) x = shared_copy(node, x);
+      y = insert_op(g, "aten::matmul", {x, w}, node->output()->type());
+      y = insert_op(g, "aten::add", {y, b}, y->type());
+      if (k == "colwise_rep") y = insert_op(g, "mfsdp::tp_gather_last", {y}, y->type());
+    }
+    node->output()->replaceAllUsesWith(y);
+    node->destroy();
+    if (k != "colwise") return;
+    std::vector<int64_t> parts;
+    for (const auto& p : model_.params())
+      if (p.name == path + ".weight") parts = p.tp.parts;
+    if (parts.size() < 2 || std::any_of(parts.begin(), parts.end(), [&](int64_t q) { return q != parts[0]; })) return;
+    for (const auto& use : std::vector<torch::jit::Use>(y->uses())) {
+      Node* u = use.user;
+      if (u->kind() != c10::aten::split || use.offset != 0 || u->inputs().size() < 2) continue;
+      auto c = torch::jit::toIValue(u->input(1));
+      if (!c || !c->isInt() || c->toInt() != parts[0]) continue;
+      torch::jit::WithInsertPoint at(u);
+      u->replaceInput(1, g.insertConstant(parts[0] / size_));
     }
   }
 

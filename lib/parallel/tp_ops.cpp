@@ -58,6 +58,11 @@ struct GatherLast : public torch::autograd::Function<GatherLast> {
   static variable_list backward(AutogradContext*, variable_list g) { return {own_chunk(g[0], -1)}; }
 };
 
+struct SplitLast : public torch::autograd::Function<SplitLast> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return own_chunk(x, -1); }
+  static variable_list backward(AutogradContext*, variable_list g) { return {all_gather_dim(*g_tp.load(), g[0], -1)}; }
+};
+
 struct ScatterSeq : public torch::autograd::Function<ScatterSeq> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return own_chunk(x, 1); }
   static variable_list backward(AutogradContext*, variable_list g) { return {all_gather_dim(*g_tp.load(), g[0], 1)}; }
@@ -81,6 +86,7 @@ bool active() { return g_tp.load() != nullptr && g_tp.load()->size() > 1; }
 at::Tensor tp_copy(const at::Tensor& x) { return active() ? CopyToTp::apply(x) : x; }
 at::Tensor tp_reduce(const at::Tensor& x) { return active() ? ReduceFromTp::apply(x) : x; }
 at::Tensor tp_gather_last(const at::Tensor& x) { return active() ? GatherLast::apply(x) : x; }
+at::Tensor tp_split_last(const at::Tensor& x) { return active() ? SplitLast::apply(x) : x; }
 at::Tensor sp_scatter(int64_t first, const at::Tensor& x) {
   return active() && g_sp.load() && first ? ScatterSeq::apply(x) : x;
 }
@@ -94,6 +100,7 @@ at::Tensor tp_reduce_plain(const at::Tensor& x) {
   return g_sp.load() ? reduce_scatter_dim(*g_tp.load(), x, 1) : all_reduced(x);
 }
 at::Tensor tp_gather_last_plain(const at::Tensor& x) { return active() ? all_gather_dim(*g_tp.load(), x, -1) : x; }
+at::Tensor tp_split_last_plain(const at::Tensor& x) { return active() ? own_chunk(x, -1) : x; }
 at::Tensor sp_scatter_plain(int64_t first, const at::Tensor& x) {
   return active() && g_sp.load() && first ? own_chunk(x, 1) : x;
 }
@@ -189,6 +196,7 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def(torch::schema("mfsdp::tp_copy(Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_reduce(Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_gather_last(Tensor x) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::tp_split_last(Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::sp_scatter(int first, Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_vocab_ids(Tensor ids, int start, int end) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_vocab_reduce(Tensor y, Tensor ids, int start, int end) -> Tensor", conservative));
@@ -198,6 +206,7 @@ TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("tp_copy", mfsdp::tp_copy);
   m.impl("tp_reduce", mfsdp::tp_reduce);
   m.impl("tp_gather_last", mfsdp::tp_gather_last);
+  m.impl("tp_split_last", mfsdp::tp_split_last);
   m.impl("sp_scatter", mfsdp::sp_scatter);
   m.impl("tp_vocab_reduce", mfsdp::tp_vocab_reduce);
 }
@@ -206,6 +215,7 @@ TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("tp_copy", mfsdp::tp_copy_plain);
   m.impl("tp_reduce", mfsdp::tp_reduce_plain);
   m.impl("tp_gather_last", mfsdp::tp_gather_last_plain);
+  m.impl("tp_split_last", mfsdp::tp_split_last_plain);
   m.impl("sp_scatter", mfsdp::sp_scatter_plain);
   m.impl("tp_vocab_reduce", mfsdp::tp_vocab_reduce_plain);
   m.impl("tp_vocab_ids", mfsdp::tp_vocab_ids);

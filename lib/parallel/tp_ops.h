@@ -7,6 +7,8 @@
 //   mfsdp::tp_reduce(x)      after a rowwise matmul: fwd all-reduce, bwd identity; with sequence
 //                            parallel: fwd reduce-scatter along the sequence, bwd all-gather
 //   mfsdp::tp_gather_last(x) colwise_rep output: fwd all-gather along the last dim, bwd own slice
+//   mfsdp::tp_split_last(x)  rowwise_rep input (replicated): fwd own slice of the last dim, bwd
+//                            all-gather along it
 //   mfsdp::sp_scatter(first, x)  at the entry of the first unit (sequence parallel only): fwd this
 //                            rank's chunk of the sequence, bwd all-gather (no-op when first == 0)
 //   mfsdp::tp_vocab_ids(ids, start, end)        ids shifted into the local shard, clamped

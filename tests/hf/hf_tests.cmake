@@ -41,8 +41,17 @@ mfsdp_hf_run(hf_phi3_cp4_s2_n4 4 phi3 distributed.cp_size=4 distributed.zero_dp_
 mfsdp_hf_run(hf_mistral_sw_s3_n2 2 mistral_sw distributed.zero_dp_strategy=3)
 list(APPEND hf_runs hf_llama_cp2_s3_n2 hf_gemma_cp2_n2 hf_gpt2_cp2_s1_n2 hf_qwen3_cp2_tp2_p2p_s3_n4 hf_phi3_cp4_s2_n4
      hf_mistral_sw_s3_n2)
+# GPT-2 under TP: Conv1D projections ([in, out] weights) rewritten at their call sites, c_attn's
+# packed q/k/v split part by part (the caller's split width made local), a tied embedding and
+# head; with CP too.
+mfsdp_hf_run(hf_gpt2_tp2_s3_n4 4 gpt2 distributed.tp_size=2 distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_gpt2_tp2_cp2_s1_n4 4 gpt2 distributed.tp_size=2 distributed.cp_size=2 distributed.zero_dp_strategy=1)
+# Phi-3 under TP: fused qkv_proj and gate_up_proj colwise with their output gathered (HF's
+# colwise_gather_output: colwise_rep), o_proj and down_proj taking their slice of the replicated
+# input (rowwise_split_input: rowwise_rep).
+mfsdp_hf_run(hf_phi3_tp2_s3_n4 4 phi3 distributed.tp_size=2 distributed.zero_dp_strategy=3)
 list(APPEND hf_runs hf_llama_n1 hf_llama_s0_n4 hf_llama_s1_n2 hf_llama_s2_n4 hf_llama_tp2_s3_n4 hf_qwen2_tp2_s1_n4
-     hf_qwen3_tp2_n2 hf_gemma_tp2_s3_n2)
+     hf_qwen3_tp2_n2 hf_gemma_tp2_s3_n2 hf_gpt2_tp2_s3_n4 hf_gpt2_tp2_cp2_s1_n4 hf_phi3_tp2_s3_n4)
 mfsdp_oracle(hf_families RUNS ${hf_runs})
 mfsdp_run_dirs(_dirs _fixtures ${hf_runs})
 set_tests_properties(oracle_hf_families PROPERTIES FIXTURES_REQUIRED "${_fixtures}")
@@ -157,9 +166,11 @@ set_tests_properties(hf_lora_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_m
 
 # Sequence parallelism: the stored plan marks each attention and MLP block sequence_gathered (the
 # sequence gathered at its input, reduce-scattered by its rowwise output layer) and the norms
-# sequence_parallel; with SP, CP and every strategy, against PyTorch.
+# sequence_parallel; with SP, CP and every strategy, against PyTorch (Phi-3: colwise_rep layers inside
+# the gathered blocks).
 set(sp_runs)
-foreach(cfg "llama;tp2_sp_s3_n4;4;3" "qwen3;tp2_sp_n2;2;0" "qwen2;tp2_sp_s1_n4;4;1" "mistral;tp2_sp_s2_n2;2;2")
+foreach(cfg "llama;tp2_sp_s3_n4;4;3" "qwen3;tp2_sp_n2;2;0" "qwen2;tp2_sp_s1_n4;4;1" "mistral;tp2_sp_s2_n2;2;2"
+            "phi3;tp2_sp_s1_n4;4;1")
   list(GET cfg 0 m)
   list(GET cfg 1 tag)
   list(GET cfg 2 np)
@@ -186,11 +197,7 @@ add_test(NAME hf_context_parallel_sliding_window_refused
          COMMAND ${EXPECT} 2 "the scaled_dot_product_attention call in model.layers.0.self_attn.forward has an attention mask that is not causal" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/mistral_sw.pt run_dir=${FX}/hf_cp
                  distributed.cp_size=2)
-add_test(NAME hf_phi3_no_tp_plan
-         COMMAND ${EXPECT} 2 "there is no tensor-parallel plan" --
-                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/phi3.pt run_dir=${FX}/hf_phi3_tp
-                 distributed.tp_size=2)
-set_tests_properties(hf_sequence_parallel_needs_gathered_blocks hf_context_parallel_sliding_window_refused hf_phi3_no_tp_plan PROPERTIES
+set_tests_properties(hf_sequence_parallel_needs_gathered_blocks hf_context_parallel_sliding_window_refused PROPERTIES
                      FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
 add_test(NAME hf_export_unknown_family
          COMMAND ${EXPECT} 1 "model type 'lama' is not one transformers" --
