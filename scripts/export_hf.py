@@ -82,7 +82,10 @@ KEPT_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad
 # is split (colwise:3) and the caller's split(n_embd) becomes split(n_embd / tp).
 BUILTIN_TP_PLANS = {
     "gpt2": {"h.*.attn.c_attn": "colwise:3", "h.*.attn.c_proj": "rowwise",
-             "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise"},
+             "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise",
+             # GPT2Model views the final norm's output to the input's shape (the whole sequence):
+             # under sequence parallelism that output is gathered (sequence_parallel_gather).
+             "ln_f": "sequence_parallel_gather"},
 }
 
 

@@ -220,12 +220,12 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
         a.grad_sum[size_t(pi)] = true;
         if (a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = k;
       }
-    } else if (k == "sequence_parallel") {
+    } else if (k == "sequence_parallel" || k == "sequence_parallel_gather") {
       for (const auto& p : nm.value.named_parameters(/*recurse=*/true)) {
         const int pi = by_name.at(nm.name + "." + p.name);
         if (a.split_dim[size_t(pi)] >= 0) continue;
         a.grad_sum[size_t(pi)] = sp;
-        if (a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = "sequence_parallel";
+        if (a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = k;
       }
     }
   }
@@ -370,6 +370,7 @@ class TensorParallelImpl final : public TensorParallel {
                           "and this model has none (set distributed.megatron_fsdp_unit_modules)");
     }
     split_parameters();
+    find_after_gather();
     rewrite_graphs();
     set_tp_context(&tp_, sp_);
   }
@@ -488,6 +489,11 @@ class TensorParallelImpl final : public TensorParallel {
         ++rewritten_;
         continue;
       }
+      if (style && style->kind == "sequence_parallel_gather") {
+        gather_sequence_after_call(node, first_target);
+        ++rewritten_;
+        continue;
+      }
       if (!style || !style_splits_weight(style->kind)) continue;
       rewrite_call(node, *style, first_target);
       ++rewritten_;
@@ -534,6 +540,66 @@ class TensorParallelImpl final : public TensorParallel {
     return false;
   }
 
+  // Whether module `path` is called after a sequence_parallel_gather module (in the model's call
+  // order, not inside it): its input is that module's gathered output, copied once already.
+  bool after_gather(const std::string& path) const { return after_gather_.count(path) > 0; }
+  bool input_copied(const std::string& path) const { return inside_gathered(path) || after_gather(path); }
+
+  // Module paths in the order the forward graphs call them, depth first (a module before the
+  // modules it calls); each call site of a shared graph under its own path.
+  void call_order(const std::string& path, const torch::jit::Module& m, std::vector<std::string>& out) const {
+    if (!m.find_method("forward") || out.size() > 100000) return;
+    auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
+    Value* self = fn.graph()->inputs()[0];
+    std::function<void(torch::jit::Block*)> walk = [&](torch::jit::Block* b) {
+      for (Node* node : b->nodes()) {
+        for (auto* sub : node->blocks()) walk(sub);
+        if (node->kind() != c10::prim::CallMethod || node->s(c10::attr::name) != "forward") continue;
+        auto rel = attr_chain(node->input(0), self);
+        if (!rel) continue;
+        const std::string target = child_path(path, *rel);
+        out.push_back(target);
+        call_order(target, submodule_at(model_.module(), target), out);
+      }
+    };
+    walk(fn.graph()->block());
+  }
+
+  // The modules called after each sequence_parallel_gather module (their inputs are whole).
+  void find_after_gather() {
+    std::vector<std::string> order;
+    bool any = false;
+    for (const auto& [p, s] : a_.module_styles) any = any || s.kind == "sequence_parallel_gather";
+    if (!any) return;
+    call_order("", model_.module(), order);
+    for (const auto& [p, s] : a_.module_styles) {
+      if (s.kind != "sequence_parallel_gather") continue;
+      auto it = std::find(order.begin(), order.end(), p);
+      if (it == order.end())
+        throw ConfigError(a_.plan_source + ": tp_plan gives module " + p +
+                          " the style sequence_parallel_gather, but no graph of the model calls its forward");
+      for (++it; it != order.end(); ++it)
+        if (it->rfind(p + ".", 0) != 0) after_gather_.insert(*it);
+    }
+  }
+
+  // A sequence_parallel_gather module's call (a final norm): it runs on this rank's part of the
+  // sequence like a sequence_parallel one, and its output goes through tp_copy: under sequence
+  // parallelism all-gathered along the sequence (reduce-scattered backward), so code after it
+  // that reshapes by the global sequence length (GPT-2's view to the input's shape) sees the
+  // whole sequence; without it the identity (all-reduce backward). The colwise output head called
+  // after it reads that value and needs no copy of its own: its partial input gradient is summed
+  // by this one reduction, as inside a sequence_gathered block.
+  void gather_sequence_after_call(Node* node, const std::string& path) {
+    if (node->outputs().size() != 1 || !is_tensor_value(node->output()))
+      throw ConfigError(a_.plan_source + ": sequence_parallel_gather module " + path + " must return one Tensor");
+    torch::jit::Graph& g = *node->owningGraph();
+    torch::jit::WithInsertPoint guard(node->next());
+    Value* y = node->output();
+    Value* full = insert_op(g, "mfsdp::tp_copy", {y}, y->type());
+    y->replaceAllUsesAfterNodeWith(full->node(), full);
+  }
+
   // A sequence_gathered block's call: its hidden-state argument (the first Tensor one) goes
   // through tp_copy, which under sequence parallelism all-gathers it along the sequence (and
   // reduce-scatters its gradient), without it is the identity (and all-reduces its gradient).
@@ -571,8 +637,8 @@ class TensorParallelImpl final : public TensorParallel {
     // reduction) of the input. colwise_rep's gathered output then feeds replicated code on the
     // whole sequence, whose gradient it slices back to this rank's columns: a partial input
     // gradient like a colwise layer's, summed by the same one reduction.
-    if (k == "colwise" && inside_gathered(path)) return;
-    if (k == "colwise_rep" && inside_gathered(path)) {
+    if (k == "colwise" && input_copied(path)) return;
+    if (k == "colwise_rep" && input_copied(path)) {
       torch::jit::WithInsertPoint guard(node->next());
       Value* y = node->output();
       Value* full = insert_op(g, "mfsdp::tp_gather_last", {y}, y->type());
@@ -654,7 +720,7 @@ class TensorParallelImpl final : public TensorParallel {
       y = insert_op(g, "mfsdp::tp_reduce", {z}, z->type());
       y = insert_op(g, "aten::add", {y, b}, y->type());
     } else {
-      if (!inside_gathered(path)) x = shared_copy(node, x);
+      if (!input_copied(path)) x = shared_copy(node, x);
       y = insert_op(g, "aten::matmul", {x, w}, node->output()->type());
       y = insert_op(g, "aten::add", {y, b}, y->type());
       if (k == "colwise_rep") y = insert_op(g, "mfsdp::tp_gather_last", {y}, y->type());
@@ -738,6 +804,7 @@ class TensorParallelImpl final : public TensorParallel {
   bool sp_ = false, logits_sharded_ = false;
   TpAssignment a_;
   std::set<std::string> called_;
+  std::set<std::string> after_gather_;  // modules called after a sequence_parallel_gather one
   std::map<std::pair<torch::jit::Block*, Value*>, Value*> copies_;  // shared tp_copy per input
   int rewritten_ = 0;
 };

@@ -182,6 +182,11 @@ endforeach()
 mfsdp_hf_run(hf_gemma_tp2_sp_cp2_s3_n4 4 gemma distributed.tp_size=2 distributed.sequence_parallel=true distributed.cp_size=2
              distributed.zero_dp_strategy=3)
 list(APPEND sp_runs hf_gemma_tp2_sp_cp2_s3_n4)
+# GPT-2 views the final norm's output to the input's (whole-sequence) shape: its plan's ln_f is
+# sequence_parallel_gather, and the output head after it takes the gathered value.
+mfsdp_hf_run(hf_gpt2_tp2_sp_cp2_s2_n4 4 gpt2 distributed.tp_size=2 distributed.sequence_parallel=true distributed.cp_size=2
+             distributed.zero_dp_strategy=2)
+list(APPEND sp_runs hf_gpt2_tp2_sp_cp2_s2_n4)
 mfsdp_oracle(hf_sequence_parallel RUNS ${sp_runs})
 # Without sequence_gathered, HF attention reshapes a gathered projection by its split input's length:
 # an error that names the missing style (never a wrong run).
