@@ -73,7 +73,8 @@ def parse_value(text):
 # the output gathered, since the caller splits it by fixed widths) is colwise_rep, and the
 # rowwise_split_input after it (the input replicated, each rank taking its slice) rowwise_rep.
 KEPT_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "replicated_with_grad_allreduce",
-               "colwise_gather_output": "colwise_rep", "rowwise_split_input": "rowwise_rep"}
+               "colwise_gather_output": "colwise_rep", "rowwise_split_input": "rowwise_rep",
+               "embedding_rowwise": "vocab_parallel"}  # GPT-NeoX's embed_in: its rows (the vocabulary) split
 
 
 # Plans for families whose config has no base_model_tp_plan, in mfsdp's styles, keyed like one
@@ -128,7 +129,7 @@ def derive_tp_plan(model):
     emb_name = next(n for n, m in model.named_modules() if m is emb)
     plan[emb_name] = "vocab_parallel"
     head = model.get_output_embeddings()
-    if head is not None and isinstance(head, __import__("torch").nn.Linear) and head.bias is None:
+    if head is not None and isinstance(head, __import__("torch").nn.Linear):
         head_name = next(n for n, m in model.named_modules() if m is head)
         plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
     origin = f"mfsdp's plan for {model.config.model_type}" if builtin else f"{type(model.config).__name__}.base_model_tp_plan"
@@ -275,8 +276,9 @@ def main(argv=None):
     ap.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="config keys (over --model-dir's config.json)")
     ap.add_argument("--allow-new-keys", action="store_true", help="--set may add keys the config class lacks")
     ap.add_argument("--random-init", action="store_true", help="with --model-dir: the family's initialisation")
-    ap.add_argument("--attention", choices=["sdpa", "eager"], default="sdpa",
-                    help="attention implementation (HF's attn_implementation; default sdpa)")
+    ap.add_argument("--attention", choices=["auto", "sdpa", "eager"], default="auto",
+                    help="attention implementation (HF's attn_implementation); auto (default): sdpa where the "
+                         "family supports it (context parallelism replaces its calls), else eager, printed")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the weights in the file")
     ap.add_argument("--tp-plan", choices=["auto", "none"], default="auto",
                     help="auto: derived from the config's base_model_tp_plan; none: store no plan")
@@ -315,10 +317,26 @@ def main(argv=None):
         if not has_weights:
             sys.exit(f"export_hf: {args.model_dir}: no weights (model.safetensors or its index); --random-init to "
                      "export the architecture alone")
-        model = AutoModelForCausalLM.from_pretrained(args.model_dir, config=cfg, local_files_only=True, dtype=torch.float32,
-                                                     attn_implementation=args.attention)
+
+    def build(attention):
+        torch.manual_seed(args.seed)
+        if args.model_dir and not args.random_init:
+            return AutoModelForCausalLM.from_pretrained(args.model_dir, config=cfg, local_files_only=True,
+                                                        dtype=torch.float32, attn_implementation=attention)
+        return AutoModelForCausalLM.from_config(cfg, attn_implementation=attention, dtype=torch.float32)
+
+    attention = args.attention
+    if attention == "auto":
+        try:
+            model, attention = build("sdpa"), "sdpa"
+        except ValueError as e:  # the family has no sdpa path (Gemma 2's logit soft-capping)
+            if "scaled_dot_product_attention" not in str(e):
+                raise
+            print(f"export_hf: {cfg.model_type} does not support sdpa attention: eager attention (context "
+                  "parallelism, which replaces sdpa calls, is then unavailable)", file=sys.stderr)
+            model, attention = build("eager"), "eager"
     else:
-        model = AutoModelForCausalLM.from_config(cfg, attn_implementation=args.attention, dtype=torch.float32)
+        model = build(attention)
     model = model.eval()
     hf_model = model
     adapter_config = None
@@ -365,7 +383,7 @@ def main(argv=None):
     extra = {
         "mfsdp/hf_config.json": json.dumps(hf_config, indent=1, sort_keys=True, default=str),
         "mfsdp/hf_export.json": json.dumps({
-            "family": cfg.model_type, "class": type(hf_model).__name__, "attention": args.attention,
+            "family": cfg.model_type, "class": type(hf_model).__name__, "attention": attention,
             "peft": adapter_config is not None,
             "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
             "source": os.path.abspath(args.model_dir) if args.model_dir else None,

@@ -170,7 +170,7 @@ set_tests_properties(hf_lora_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_m
 # the gathered blocks).
 set(sp_runs)
 foreach(cfg "llama;tp2_sp_s3_n4;4;3" "qwen3;tp2_sp_n2;2;0" "qwen2;tp2_sp_s1_n4;4;1" "mistral;tp2_sp_s2_n2;2;2"
-            "phi3;tp2_sp_s1_n4;4;1")
+            "phi3;tp2_sp_s1_n4;4;1" "gpt_neox;tp2_sp_s3_n2;2;3" "phi;tp2_sp_s1_n2;2;1" "gemma2;tp2_sp_n2;2;0")
   list(GET cfg 0 m)
   list(GET cfg 1 tag)
   list(GET cfg 2 np)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Hugging Face fixture models (tests/hf/hf_tests.cmake): small configs of seven transformers
+"""The Hugging Face fixture models (tests/hf/hf_tests.cmake): small configs of ten transformers
 families, exported with scripts/export_hf.py (its main, in one process) as a user would:
 
     make_models.py SRC OUT      -> OUT/FAMILY.pt, OUT/FAMILY.log
@@ -7,7 +7,8 @@ families, exported with scripts/export_hf.py (its main, in one process) as a use
 Llama with grouped-query attention; Mistral, and one with a sliding window of 8 tokens; Qwen2 (q/k/v biases, tied head); Qwen3 (q/k norms,
 an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
 GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
-gate_up: its plan's colwise_gather_output is not a style mfsdp keeps, so no plan is stored); and
+gate_up: colwise_gather_output and rowwise_split_input, kept as colwise_rep and rowwise_rep); GPT-NeoX, Phi
+and Gemma 2 (below); and
 three LoRA models wrapped by PEFT (llama_lora, qwen2_lora, gpt2_lora).
 """
 import contextlib
@@ -25,6 +26,12 @@ MODELS = {
     "gemma": ["--family", "gemma", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],
     "gpt2": ["--family", "gpt2", "--set", "vocab_size=264", "n_embd=64", "n_layer=2", "n_head=4", "n_positions=128"],
     "phi3": ["--family", "phi3", "--set", *COMMON, "num_key_value_heads=4", "pad_token_id=0"],
+    # GPT-NeoX: q/k/v packed per head in one query_key_value, parallel residual, and its plan's
+    # embed_in style embedding_rowwise; Phi (1/2): a head with a bias; Gemma 2: no sdpa path (logit
+    # soft-capping), so --attention auto exports it with eager attention.
+    "gpt_neox": ["--family", "gpt_neox", "--set", *COMMON],
+    "phi": ["--family", "phi", "--set", *COMMON],
+    "gemma2": ["--family", "gemma2", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],
 }
 # LoRA (PEFT) models: PEFT's default targets for Llama (q_proj, v_proj); every linear layer of Qwen2
 # (tied head, biases on q/k/v); GPT-2's packed c_attn, a Conv1D (fan_in_fan_out).
