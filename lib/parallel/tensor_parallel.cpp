@@ -726,8 +726,13 @@ class TensorParallelImpl final : public TensorParallel {
       if (k == "colwise_rep") y = insert_op(g, "mfsdp::tp_gather_last", {y}, y->type());
     }
     node->output()->replaceAllUsesWith(y);
+    if (k == "colwise") localise_split_widths(y, path);
+    // Last: a WithInsertPoint restores the point it found, so none may outlive a node it saw.
     node->destroy();
-    if (k != "colwise") return;
+  }
+
+  // A packed colwise output cut by constant-width aten::split(y, part, -1): the local width.
+  void localise_split_widths(Value* y, const std::string& path) {
     std::vector<int64_t> parts;
     for (const auto& p : model_.params())
       if (p.name == path + ".weight") parts = p.tp.parts;
@@ -738,7 +743,7 @@ class TensorParallelImpl final : public TensorParallel {
       auto c = torch::jit::toIValue(u->input(1));
       if (!c || !c->isInt() || c->toInt() != parts[0]) continue;
       torch::jit::WithInsertPoint at(u);
-      u->replaceInput(1, g.insertConstant(parts[0] / size_));
+      u->replaceInput(1, y->owningGraph()->insertConstant(parts[0] / size_));
     }
   }
 

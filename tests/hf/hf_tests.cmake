@@ -233,6 +233,13 @@ add_test(NAME hf_export_bf16
          COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_qwen2_ckpt_s1_n2/ckpt
                  --work ${FX}/hf_export_bf16 --dtype bfloat16)
 set_tests_properties(hf_export_one_file hf_export_bf16 PROPERTIES FIXTURES_REQUIRED runs_hf_qwen2_ckpt_s1_n2 TIMEOUT 300)
+# GPT-2 under TP: Conv1D weights ([in, out]) split along out (c_attn's three packed parts) or in.
+mfsdp_hf_run(hf_gpt2_ckpt_tp2_s3_n4 4 gpt2 distributed.tp_size=2 distributed.zero_dp_strategy=3 training.max_steps=3
+             checkpoint.dir=${FX}/hf_gpt2_ckpt_tp2_s3_n4/ckpt checkpoint.save_final=true checkpoint.resume=none)
+add_test(NAME hf_export_gpt2_tp
+         COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_gpt2_ckpt_tp2_s3_n4/ckpt
+                 --work ${FX}/hf_export_gpt2_tp)
+set_tests_properties(hf_export_gpt2_tp PROPERTIES FIXTURES_REQUIRED runs_hf_gpt2_ckpt_tp2_s3_n4 TIMEOUT 300)
 add_test(NAME hf_export_needs_hf_model
          COMMAND ${EXPECT} 2 "holds no mfsdp/hf_config.json, so it is no Hugging Face model" --
                  ${MFSDP_BIN} export --checkpoint ${FX}/grad_np1/ckpt --format hf --out ${FX}/hf_export_not_hf)
