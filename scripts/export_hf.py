@@ -158,6 +158,21 @@ def wrap_lora(model, args):
             kw["lora_alpha"] = args.lora_alpha
         if args.lora_targets:
             kw["target_modules"] = args.lora_targets
+        for opt, items, key, conv in (("--lora-rank-pattern", args.lora_rank_pattern, "rank_pattern", int),
+                                      ("--lora-alpha-pattern", args.lora_alpha_pattern, "alpha_pattern", float)):
+            if not items:
+                continue
+            pattern = {}
+            for item in items:
+                k, eq, v = item.rpartition("=")
+                try:
+                    pattern[k] = conv(v)
+                    re.compile(k)
+                except (ValueError, re.error):
+                    sys.exit(f"export_hf: {opt} {item}: expected REGEX={'R (an integer)' if conv is int else 'ALPHA'}")
+                if not eq or not k or pattern[k] <= 0:
+                    sys.exit(f"export_hf: {opt} {item}: expected REGEX=VALUE with a positive value")
+            kw[key] = pattern
         try:
             wrapped = peft.get_peft_model(model, peft.LoraConfig(**kw))
         except ValueError as e:
@@ -289,13 +304,18 @@ def main(argv=None):
     ap.add_argument("--lora-alpha", type=float, help="LoRA alpha (default: PEFT's, 8)")
     ap.add_argument("--lora-targets", nargs="+", metavar="MODULE",
                     help="module names to adapt (default: PEFT's choice for the family, e.g. q_proj v_proj)")
+    ap.add_argument("--lora-rank-pattern", nargs="+", metavar="REGEX=R",
+                    help="per-module ranks (PEFT's rank_pattern: the first regex matching the end of a module's name)")
+    ap.add_argument("--lora-alpha-pattern", nargs="+", metavar="REGEX=ALPHA",
+                    help="per-module alphas (PEFT's alpha_pattern)")
     ap.add_argument("--adapter-dir", help="an existing PEFT adapter directory to train on (adapter_config.json)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.adapter_dir and args.lora_r:
         sys.exit("export_hf: --adapter-dir brings its own LoRA config; give it or --lora-r, not both")
-    if (args.lora_alpha is not None or args.lora_targets) and not args.lora_r:
-        sys.exit("export_hf: --lora-alpha and --lora-targets need --lora-r")
+    if (args.lora_alpha is not None or args.lora_targets or args.lora_rank_pattern or args.lora_alpha_pattern) \
+            and not args.lora_r:
+        sys.exit("export_hf: --lora-alpha, --lora-targets, --lora-rank-pattern and --lora-alpha-pattern need --lora-r")
     if args.lora_r is not None and args.lora_r < 1:
         sys.exit(f"export_hf: --lora-r {args.lora_r}: expected a rank >= 1")
 

@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>  // PEFT's rank_pattern / alpha_pattern keys
 #include <set>
 #include <thread>
 
@@ -232,6 +233,7 @@ struct CheckpointManager::Pending {
   TrainerState state;
   int64_t optimizer_steps = 0;  // at the moment of the save (an async one completes steps later)
   std::string tmp_dir, final_dir;
+  bool replaces = false;  // final_dir exists, written by an earlier run: swapped out when complete
   std::thread writer;
   std::string fragment;  // this rank's JSON fragment (or error)
   std::atomic<bool> done{false};
@@ -406,6 +408,7 @@ TrainerState CheckpointManager::load(const std::string& dir) {
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty()) throw UserError(errors[r]);
   engine_.install_weights();
+  loaded_step_ = st.step;
   return st;
 }
 
@@ -423,8 +426,15 @@ void CheckpointManager::save(const TrainerState& state) {
     try {
       fs::create_directories(dir);
       fs::remove_all(p->tmp_dir);  // left by a crash
-      if (fs::exists(p->final_dir)) error = "exists";
+      // The step this run resumed from is saved already (the same state). Any other existing
+      // directory of this step is an earlier run's (checkpoint.resume none, or another config):
+      // replaced once the new one is complete, never silently kept under this run's name.
+      if (fs::exists(p->final_dir) && state.step == loaded_step_) error = "exists";
       else fs::create_directories(p->tmp_dir);
+      p->replaces = error.empty() && fs::exists(p->final_dir);
+      if (p->replaces)
+        std::fprintf(stderr, "checkpoint: %s exists, written by an earlier run: replaced when this save completes\n",
+                     p->final_dir.c_str());
     } catch (const std::exception& e) {
       error = std::string(dir + ": cannot create the checkpoint directory (checkpoint.dir): ") + e.what();
     }
@@ -540,12 +550,18 @@ void CheckpointManager::finalize(Pending& p) {
                                                             to_yaml(cfg_));
       write_text_atomically(p.tmp_dir + "/index.json", index.dump(1));
       fsync_path(p.tmp_dir);
+      const std::string old_dir = *cfg_.checkpoint.dir + "/." + step_dir_name(p.state.step) + ".replaced";  // hidden from resume
+      if (p.replaces) {
+        fs::remove_all(old_dir);
+        fs::rename(p.final_dir, old_dir);
+      }
       if (std::rename(p.tmp_dir.c_str(), p.final_dir.c_str()) != 0)
         throw UserError(p.final_dir + ": cannot rename the finished checkpoint into place: " + std::strerror(errno));
       const std::string dir = *cfg_.checkpoint.dir;
       fsync_path(dir);
       write_text_atomically(dir + "/latest", step_dir_name(p.state.step) + "\n");
       fsync_path(dir);
+      if (p.replaces) fs::remove_all(old_dir);
       if (cfg_.checkpoint.keep_last > 0) {  // only complete directories; the new one is complete now
         std::vector<std::string> steps;
         for (const auto& e : fs::directory_iterator(dir)) {
@@ -836,8 +852,37 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
   }
   // Merged: every non-LoRA parameter under its transformers name; an adapted layer's weight with
   // its adapter's product added, in fp32 before the cast to the output dtype.
-  const double r = peft.value("r", 8.0), alpha = peft.value("lora_alpha", 8.0);
-  const double scaling = peft.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
+  // Per module, as PEFT's LoraModel sets it: r and lora_alpha, or rank_pattern's and
+  // alpha_pattern's values for the first pattern P (a regex) that matches "(.*\.)?(P)$" against
+  // the module's name in the base model. The rank is lora_A's row count either way (checked).
+  const double r0 = peft.value("r", 8.0), alpha0 = peft.value("lora_alpha", 8.0);
+  const bool rslora = peft.value("use_rslora", false);
+  auto pattern_value = [&](const char* key, const std::string& module, double fallback) {
+    if (!peft.contains(key) || !peft[key].is_object()) return fallback;
+    for (auto it = peft[key].begin(); it != peft[key].end(); ++it) {
+      std::regex re;
+      try {
+        re = std::regex("(.*\\.)?(" + it.key() + ")$");
+      } catch (const std::regex_error& e) {
+        throw UserError(fmt::format("{}: adapter_config.json {} key '{}' is not a regular expression: {}", path, key,
+                                    it.key(), e.what()));
+      }
+      if (!it.value().is_number())
+        throw UserError(fmt::format("{}: adapter_config.json {}['{}'] must be a number", path, key, it.key()));
+      if (std::regex_match(module, re)) return it.value().get<double>();
+    }
+    return fallback;
+  };
+  std::map<std::string, double> scaling_of;
+  for (const auto& [module, ab] : adapters) {
+    const std::string key = peft_to_hf_name(module);
+    const double r = pattern_value("rank_pattern", key, r0), alpha = pattern_value("alpha_pattern", key, alpha0);
+    const int64_t rows = index["params"].at(ab.first).at("shape").at(0).get<int64_t>();
+    if (rows != int64_t(r))
+      throw UserError(fmt::format("{}: LoRA layer {} has rank {} (lora_A's rows) but adapter_config.json gives it r {}",
+                                  path, module, rows, r));
+    scaling_of[module] = rslora ? alpha / std::sqrt(r) : alpha / r;
+  }
   const bool fan_in_fan_out = peft.value("fan_in_fan_out", false);
   const bool tied = hf.value("tie_word_embeddings", false);
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
@@ -850,6 +895,7 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
       auto ad = adapters.find(param.substr(0, base));
       if (ad != adapters.end()) {
         const std::string a = ad->second.first, b = ad->second.second;
+        const double scaling = scaling_of.at(ad->first);
         read = [full, param, a, b, scaling, fan_in_fan_out] {
           at::Tensor w = full(param).to(at::kFloat);
           at::Tensor delta = at::matmul(full(b).to(at::kFloat), full(a).to(at::kFloat)).mul_(scaling);
@@ -859,10 +905,16 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
     }
     for (const auto& name : names_to_write(it, tied)) entries.push_back({peft_to_hf_name(name), shape, read});
   }
+  double lo = std::numeric_limits<double>::max(), hi = 0;
+  for (const auto& kv : scaling_of) lo = std::min(lo, kv.second), hi = std::max(hi, kv.second);
+  const std::string lora_note =
+      scaling_of.empty() ? "no adapters"
+      : lo == hi         ? fmt::format("{} adapters merged, scaling {}", adapters.size(), lo)
+                         : fmt::format("{} adapters merged, scaling {} to {} (rank_pattern / alpha_pattern)", adapters.size(), lo, hi);
   hf["torch_dtype"] = hf_dtype_name(dtype);
   hf["dtype"] = hf_dtype_name(dtype);
   hf["mfsdp"] = {{"checkpoint", fs::absolute(dir).string()}, {"step", index["trainer"]["step"]},
-                 {"lora", fmt::format("{} adapters merged, scaling {}", adapters.size(), scaling)}};
+                 {"lora", lora_note}};
   files.push_back({"config.json", hf.dump(2) + "\n"});
   write_hf_dir(out, entries, dtype, max_shard_bytes, "model", files);
 }
@@ -897,10 +949,6 @@ void export_checkpoint_hf(const std::string& given, const std::string& out, cons
     } catch (const json::exception& e) {
       throw UserError(path + ": mfsdp/adapter_config.json is not valid JSON: " + e.what());
     }
-    for (const char* key : {"rank_pattern", "alpha_pattern"})
-      if (peft.contains(key) && peft[key].is_object() && !peft[key].empty())
-        throw UserError(fmt::format("{}: the LoRA adapter has a {} (per-module ranks or alphas): not supported by "
-                                    "export --format hf yet", path, key));
     if (peft.contains("modules_to_save") && !peft["modules_to_save"].is_null() && !peft["modules_to_save"].empty())
       throw UserError(path + ": the LoRA adapter has modules_to_save: not supported by export --format hf yet");
   }

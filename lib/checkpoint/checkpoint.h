@@ -62,6 +62,7 @@ class CheckpointManager {
   ParallelEngine& engine_;
   Optimizer& optimizer_;
   std::unique_ptr<Pending> pending_;
+  int64_t loaded_step_ = -1;  // the step load() restored (saved already), -1 before
 };
 
 // `mfsdp inspect`: prints a checkpoint's metadata and verifies every file's checksum. Returns the
