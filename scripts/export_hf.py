@@ -125,10 +125,13 @@ def derive_tp_plan(model):
             continue  # inside a gathered block (Qwen3's q/k norms keep their own style)
         plan[glob] = "sequence_parallel"
     base = getattr(model, prefix)
-    emb = base.get_input_embeddings()
+
+    def trained_copy(m):  # PEFT's modules_to_save wrapper: the copy its forward calls
+        return m.modules_to_save["default"] if hasattr(m, "modules_to_save") and hasattr(m, "original_module") else m
+    emb = trained_copy(base.get_input_embeddings())
     emb_name = next(n for n, m in model.named_modules() if m is emb)
     plan[emb_name] = "vocab_parallel"
-    head = model.get_output_embeddings()
+    head = trained_copy(model.get_output_embeddings())
     if head is not None and isinstance(head, __import__("torch").nn.Linear):
         head_name = next(n for n, m in model.named_modules() if m is head)
         plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
@@ -158,6 +161,8 @@ def wrap_lora(model, args):
             kw["lora_alpha"] = args.lora_alpha
         if args.lora_targets:
             kw["target_modules"] = args.lora_targets
+        if args.lora_modules_to_save:
+            kw["modules_to_save"] = args.lora_modules_to_save
         for opt, items, key, conv in (("--lora-rank-pattern", args.lora_rank_pattern, "rank_pattern", int),
                                       ("--lora-alpha-pattern", args.lora_alpha_pattern, "alpha_pattern", float)):
             if not items:
@@ -208,6 +213,7 @@ def peft_tp_plan(plan, wrapped):
     rowwise layer: base_layer rowwise, lora_A rowwise (input features split, output reduced),
     lora_B replicated (sequence_parallel: with SP it sees this rank's part of the sequence)."""
     lora = {n for n, m in wrapped.named_modules() if hasattr(m, "base_layer") and hasattr(m, "lora_A")}
+    saved = {n for n, m in wrapped.named_modules() if hasattr(m, "modules_to_save") and hasattr(m, "original_module")}
     names = [n for n, _ in wrapped.named_modules()]
     blocks = ["base_model.model." + k for k, v in plan.items() if v == "sequence_gathered"]
     out = {}
@@ -215,6 +221,9 @@ def peft_tp_plan(plan, wrapped):
         pk = "base_model.model." + key
         rx = glob_re(pk)
         adapted = [n for n in lora if rx.fullmatch(n)]
+        if any(rx.fullmatch(n) for n in saved):  # modules_to_save: the style goes to the trained copy
+            out[pk + ".modules_to_save.default"] = style
+            continue
         if not adapted:
             out[pk] = style
             continue
@@ -308,14 +317,17 @@ def main(argv=None):
                     help="per-module ranks (PEFT's rank_pattern: the first regex matching the end of a module's name)")
     ap.add_argument("--lora-alpha-pattern", nargs="+", metavar="REGEX=ALPHA",
                     help="per-module alphas (PEFT's alpha_pattern)")
+    ap.add_argument("--lora-modules-to-save", nargs="+", metavar="MODULE",
+                    help="modules trained in full beside the adapters (PEFT's modules_to_save, e.g. lm_head)")
     ap.add_argument("--adapter-dir", help="an existing PEFT adapter directory to train on (adapter_config.json)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.adapter_dir and args.lora_r:
         sys.exit("export_hf: --adapter-dir brings its own LoRA config; give it or --lora-r, not both")
-    if (args.lora_alpha is not None or args.lora_targets or args.lora_rank_pattern or args.lora_alpha_pattern) \
-            and not args.lora_r:
-        sys.exit("export_hf: --lora-alpha, --lora-targets, --lora-rank-pattern and --lora-alpha-pattern need --lora-r")
+    if (args.lora_alpha is not None or args.lora_targets or args.lora_rank_pattern or args.lora_alpha_pattern
+            or args.lora_modules_to_save) and not args.lora_r:
+        sys.exit("export_hf: --lora-alpha, --lora-targets, --lora-rank-pattern, --lora-alpha-pattern and "
+                 "--lora-modules-to-save need --lora-r")
     if args.lora_r is not None and args.lora_r < 1:
         sys.exit(f"export_hf: --lora-r {args.lora_r}: expected a rank >= 1")
 

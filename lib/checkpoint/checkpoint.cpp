@@ -793,6 +793,19 @@ std::vector<std::string> names_to_write(const json::const_iterator& it, bool tie
   return names;
 }
 
+// PEFT's modules_to_save wrap a module twice: X.original_module (frozen, the base model's) and
+// X.modules_to_save.ADAPTER (trained). For the latter: its name without ".modules_to_save.ADAPTER"
+// (PEFT's adapter files and the transformers model both call it X.weight); "" for other names.
+std::string saved_module_name(const std::string& name) {
+  static const std::string mark = ".modules_to_save.";
+  auto at = name.find(mark);
+  if (at == std::string::npos) return "";
+  auto dot = name.find('.', at + mark.size());
+  if (dot == std::string::npos) return "";
+  return name.substr(0, at) + name.substr(dot);
+}
+bool is_original_module(const std::string& name) { return name.find(".original_module.") != std::string::npos; }
+
 // A checkpoint of a PEFT LoRA model out as Hugging Face files: merged weights (W + s B A, s =
 // lora_alpha / r, or / sqrt(r) with use_rslora; transposed for fan_in_fan_out layers such as GPT-2's
 // Conv1D) in the transformers model's names, or with only_trainable the adapters in PEFT's layout.
@@ -826,9 +839,16 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
       auto [ab, adapter] = lora_part(it.key(), &module);
       const bool frozen = it.value().value("frozen", false);
       if (ab.empty()) {
+        const std::string saved = saved_module_name(it.key());
+        if (!saved.empty()) {  // modules_to_save: in PEFT's files under the wrapped module's name
+          const std::string param = it.key();
+          entries.push_back({saved, it.value()["shape"].get<std::vector<int64_t>>(), [full, param] { return full(param); }});
+          continue;
+        }
         if (!frozen)
           throw UserError(path + ": " + it.key() + " was trained but is no LoRA adapter; PEFT's adapter files hold only "
-                          "adapters (export the whole model with --format hf, or freeze it: model.frozen)");
+                          "adapters and modules_to_save (export the whole model with --format hf, or freeze it: "
+                          "model.frozen)");
         continue;
       }
       if (frozen) frozen_lora.push_back(it.key());
@@ -903,7 +923,11 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
         };
       }
     }
-    for (const auto& name : names_to_write(it, tied)) entries.push_back({peft_to_hf_name(name), shape, read});
+    for (const auto& name : names_to_write(it, tied)) {
+      if (is_original_module(name)) continue;  // modules_to_save: the trained copy is written
+      const std::string saved = saved_module_name(name);
+      entries.push_back({peft_to_hf_name(saved.empty() ? name : saved), shape, read});
+    }
   }
   double lo = std::numeric_limits<double>::max(), hi = 0;
   for (const auto& kv : scaling_of) lo = std::min(lo, kv.second), hi = std::max(hi, kv.second);
@@ -949,8 +973,6 @@ void export_checkpoint_hf(const std::string& given, const std::string& out, cons
     } catch (const json::exception& e) {
       throw UserError(path + ": mfsdp/adapter_config.json is not valid JSON: " + e.what());
     }
-    if (peft.contains("modules_to_save") && !peft["modules_to_save"].is_null() && !peft["modules_to_save"].empty())
-      throw UserError(path + ": the LoRA adapter has modules_to_save: not supported by export --format hf yet");
   }
   if (only_trainable && peft.is_null())
     throw UserError("export --only-trainable --format hf writes a PEFT adapter directory, but " + path +

@@ -276,6 +276,28 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
     for (const auto& u : model.units()) unit_paths.push_back(u.path);
     std::vector<std::string> unmarked_after;
     bool after_units = false;
+    // A module called after the units: its own parameters, and those of the submodules its forward
+    // calls (one it holds but never calls, such as PEFT's modules_to_save original_module, sees no
+    // activations at all).
+    std::function<void(const std::string&, const torch::jit::Module&)> flag_called = [&](const std::string& path,
+                                                                                         const torch::jit::Module& m) {
+      for (const auto& own : m.named_parameters(/*recurse=*/false)) {
+        const int i = by_name.at(path + "." + own.name);
+        if (model.params()[size_t(i)].unit < 0 && a.split_dim[size_t(i)] < 0 && !a.grad_sum[size_t(i)])
+          unmarked_after.push_back(model.params()[size_t(i)].name);
+      }
+      if (!m.find_method("forward")) return;
+      auto g = torch::jit::toGraphFunction(m.get_method("forward").function()).graph();
+      std::function<void(torch::jit::Block*)> walk = [&](torch::jit::Block* b) {
+        for (Node* node : b->nodes()) {
+          for (auto* sub : node->blocks()) walk(sub);
+          if (node->kind() != c10::prim::CallMethod) continue;
+          auto rel = attr_chain(node->input(0), g->inputs()[0]);
+          if (rel) flag_called(path + "." + *rel, submodule_at(model.module(), path + "." + *rel));
+        }
+      };
+      walk(g->block());
+    };
     std::function<void(const std::string&, const torch::jit::Module&)> scan = [&](const std::string& path,
                                                                                    const torch::jit::Module& m) {
       if (!m.find_method("forward")) return;
@@ -296,11 +318,7 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
         } else if (container) {
           scan(target, submodule_at(model.module(), target));
         } else if (after_units) {
-          for (size_t i = 0; i < n; ++i) {
-            const auto& p = model.params()[i];
-            if (p.unit < 0 && a.split_dim[i] < 0 && !a.grad_sum[i] && p.name.rfind(target + ".", 0) == 0)
-              unmarked_after.push_back(p.name);
-          }
+          flag_called(target, submodule_at(model.module(), target));
         }
       }
     };

@@ -110,20 +110,21 @@ def check_adapter(a, merged, mine, tokens, pos, want, check):
     check("the adapter directory holds PEFT's two files",
           sorted(os.listdir(adir)) == ["adapter_config.json", "adapter_model.safetensors"], str(sorted(os.listdir(adir))))
     trained = dict(mine.named_parameters())
-    lora = {n: t for n, t in trained.items() if ".lora_" in n}
+    # The adapters and PEFT's modules_to_save copies (X.modules_to_save.default.*): what trained.
+    lora = {n: t for n, t in trained.items() if ".lora_" in n or ".modules_to_save." in n}
     # The base model: transformers' own class with the trained file's base weights (frozen, so the
     # exported ones), the adapters loaded by peft onto it.
     base = type(merged)(merged.config).eval()
     sd = {}
     for n, t in trained.items():
-        if ".lora_" in n:
+        if ".lora_" in n or ".modules_to_save." in n:
             continue
-        sd[n.removeprefix("base_model.model.").replace(".base_layer.", ".")] = t.detach()
+        sd[n.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".original_module.", ".")] = t.detach()
     missing, unexpected = base.load_state_dict(sd, strict=False)
     missing = [m for m in missing if not (m.endswith("lm_head.weight") and merged.config.tie_word_embeddings)]
     check("the base weights fit the transformers model", not missing and not unexpected, f"{missing[:3]} {unexpected[:3]}")
     pm = peft.PeftModel.from_pretrained(base, adir).eval()
-    got_ad = {n: t for n, t in pm.named_parameters() if ".lora_" in n}
+    got_ad = {n: t for n, t in pm.named_parameters() if ".lora_" in n or ".modules_to_save." in n}
     same = sorted(got_ad) == sorted(lora) and all(torch.equal(got_ad[n].float(), lora[n].float()) for n in lora)
     check(f"peft loads every adapter tensor as trained ({len(lora)} tensors)", same,
           f"{sorted(set(got_ad) ^ set(lora))[:4]}")

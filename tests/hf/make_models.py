@@ -34,11 +34,13 @@ MODELS = {
     "gemma2": ["--family", "gemma2", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],
 }
 # LoRA (PEFT) models: PEFT's default targets for Llama (q_proj, v_proj; v_proj of rank 2 and layer 1's
-# q_proj with alpha 16 by rank_pattern and alpha_pattern); every linear layer of Qwen2
+# q_proj with alpha 16 by rank_pattern and alpha_pattern, and the output head trained in full:
+# modules_to_save); every linear layer of Qwen2
 # (tied head, biases on q/k/v); GPT-2's packed c_attn, a Conv1D (fan_in_fan_out).
 MODELS |= {
     "llama_lora": MODELS["llama"] + ["--lora-r", "4", "--lora-alpha", "8", "--lora-rank-pattern", "v_proj=2",
-                                     "--lora-alpha-pattern", r"layers\.1\.self_attn\.q_proj=16"],
+                                     "--lora-alpha-pattern", r"layers\.1\.self_attn\.q_proj=16",
+                                     "--lora-modules-to-save", "lm_head"],
     "qwen2_lora": MODELS["qwen2"] + ["--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj", "k_proj", "v_proj",
                                      "o_proj", "gate_proj", "up_proj", "down_proj"],
     "gpt2_lora": MODELS["gpt2"] + ["--lora-r", "4", "--lora-alpha", "16"],
