@@ -210,6 +210,16 @@ add_test(NAME hf_export_unknown_family
 add_test(NAME hf_export_unknown_key
          COMMAND ${EXPECT} 1 "--set hiden_size: LlamaConfig has no key hiden_size" --
                  ${MFSDP_PYTHON} ${PROJECT_SOURCE_DIR}/scripts/export_hf.py --family llama --set hiden_size=64 --out ${FX}/hf_bad.pt)
+# --tp-plan none and --allow-new-keys: the key stored, no plan stored, and tp_size 2 on that file
+# stops with the error asking for distributed.tp_plan.
+add_test(NAME hf_export_options
+         COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/check_export_options.py ${PROJECT_SOURCE_DIR} ${HFX}/llama_noplan.pt)
+set_tests_properties(hf_export_options PROPERTIES FIXTURES_REQUIRED hf_models FIXTURES_SETUP hf_noplan TIMEOUT 300)
+add_test(NAME hf_no_plan_tp_refused
+         COMMAND ${EXPECT} 2 "stores none and the config gives no distributed.tp_plan" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_noplan.pt run_dir=${FX}/hf_noplan
+                 distributed.tp_size=2)
+set_tests_properties(hf_no_plan_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_noplan" PROCESSORS 2 TIMEOUT 120)
 add_test(NAME hf_export_dir_without_weights
          COMMAND ${EXPECT} 1 "no weights \\(model.safetensors or its index\\); --random-init" --
                  ${MFSDP_PYTHON} ${PROJECT_SOURCE_DIR}/scripts/export_hf.py --model-dir ${CMAKE_CURRENT_SOURCE_DIR}/hf/config_only
