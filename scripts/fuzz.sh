@@ -2,7 +2,7 @@
 # libFuzzer over mfsdp's parsers (fuzz/), with AddressSanitizer and UndefinedBehaviorSanitizer.
 #   scripts/fuzz.sh [SECONDS] [TARGET ...]     # default 60 s per target, every target
 #   FUZZ_RUNS=3000 scripts/fuzz.sh              # 3000 inputs per target from seed 1 (CI: deterministic)
-# Targets: config tokenizer_json tiktoken encode indexed_dataset safetensors compressed.
+# Targets: config tokenizer_json tiktoken encode indexed_dataset safetensors checkpoint_index compressed.
 # Builds with clang into build-fuzz/ (FUZZ_BUILD_DIR), replays every kept regression input
 # (fuzz/regressions/TARGET/: inputs that once crashed, fixed since), then fuzzes each target from its
 # seeds (fuzz/seeds/TARGET/, plus configs/*.yaml for config) into build-fuzz/corpus/TARGET/. A crash,
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 B=${FUZZ_BUILD_DIR:-build-fuzz}
-all=(config tokenizer_json tiktoken encode indexed_dataset safetensors compressed)
+all=(config tokenizer_json tiktoken encode indexed_dataset safetensors checkpoint_index compressed)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (Debian package clang)" >&2; exit 2; }

@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "checkpoint/checkpoint_index.h"
 #include "checkpoint/safetensors.h"
 #include "comm/communicator.h"
 #include "fsdp/engine.h"
@@ -38,7 +39,7 @@ using json = nlohmann::json;
 namespace mfsdp {
 namespace {
 
-constexpr const char* kFormat = "mfsdp-checkpoint-1";
+constexpr const char* kFormat = kCheckpointFormat;
 
 std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
 
@@ -83,19 +84,12 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// The step directory's index.json, checked (checkpoint_index.h lists what the readers below may
+// rely on: every key they read is there with its type, every range inside its tensor).
 json read_index(const std::string& dir) {
   const std::string path = dir + "/index.json";
   if (!fs::exists(path)) throw UserError(dir + ": not a complete checkpoint (no index.json)");
-  json idx;
-  try {
-    idx = json::parse(read_text(path));
-  } catch (const json::exception& e) {
-    throw UserError(path + ": corrupt checkpoint index: " + e.what());
-  }
-  if (idx.value("format", "") != kFormat)
-    throw UserError(path + ": not an mfsdp checkpoint index (format '" + idx.value("format", "?") + "', expected " +
-                    kFormat + ")");
-  return idx;
+  return parse_checkpoint_index(read_text(path), path);
 }
 
 // Names and shapes of a model's parameters, as the index records them.
@@ -141,16 +135,12 @@ class PieceReader {
   std::map<std::string, std::unique_ptr<SafetensorsFile>> open_;
 };
 
-// A piece's tensor-parallel split ("tp": [dim, size, rank, part sizes...]; absent: not split).
-TpSplit piece_split(const json& pc, const std::vector<int64_t>& global_shape) {
-  TpSplit t;
-  if (!pc.contains("tp")) return t;
-  auto v = pc["tp"].get<std::vector<int64_t>>();
-  t.dim = int(v.at(0));
-  t.size = v.at(1);
-  t.rank = v.at(2);
-  t.parts.assign(v.begin() + 3, v.end());
-  t.global_shape = global_shape;
+// A piece's tensor in its file, which must hold the `numel` elements the index gives it.
+at::Tensor piece_tensor(SafetensorsFile& f, const std::string& key, int64_t numel) {
+  if (!f.has(key)) throw UserError(f.path() + ": lacks " + key + " that the index promises");
+  at::Tensor t = f.get(key);
+  if (t.numel() != numel)
+    throw UserError(fmt::format("{}: {} holds {} elements, the index gives its piece {}", f.path(), key, t.numel(), numel));
   return t;
 }
 
@@ -178,9 +168,8 @@ at::Tensor read_full_param(PieceReader& reader, const json& index, const std::st
     const int64_t pb = pc.at("begin").get<int64_t>(), pe = pc.at("end").get<int64_t>();
     SafetensorsFile& f = reader.file(pc.at("file").get<std::string>());
     const std::string key = piece_key(kind, name, pb) + (pc.contains("tp") ? "@tp" + std::to_string(pc["tp"][2].get<int64_t>()) : "");
-    if (!f.has(key)) throw UserError(f.path() + ": lacks " + key + " that the index promises");
-    at::Tensor src = f.get(key);
-    piece_split(pc, shape).for_each_run(pb, pe, [&](int64_t g, int64_t l, int64_t len) {
+    at::Tensor src = piece_tensor(f, key, pe - pb);
+    checkpoint_piece_split(pc, shape).for_each_run(pb, pe, [&](int64_t g, int64_t l, int64_t len) {
       full.narrow(0, g, len).copy_(src.narrow(0, l - pb, len));
       covered += len;
     });
@@ -200,7 +189,7 @@ void read_range(PieceReader& reader, const json& index, const std::string& kind,
   const auto& pieces = entry.at("pieces");
   const auto shape = entry.at("shape").get<std::vector<int64_t>>();
   bool direct = true;
-  for (const auto& pc : pieces) direct = direct && same_layout(piece_split(pc, shape), mine);
+  for (const auto& pc : pieces) direct = direct && same_layout(checkpoint_piece_split(pc, shape), mine);
   if (!direct) {
     at::Tensor full = read_full_param(reader, index, kind, name);
     mine.for_each_run(begin, end, [&](int64_t g, int64_t l, int64_t len) {
@@ -210,14 +199,13 @@ void read_range(PieceReader& reader, const json& index, const std::string& kind,
   }
   int64_t covered = 0;
   for (const auto& pc : pieces) {
-    if (mine.split() && piece_split(pc, shape).rank != mine.rank) continue;
+    if (mine.split() && checkpoint_piece_split(pc, shape).rank != mine.rank) continue;
     const int64_t pb = pc.at("begin").get<int64_t>(), pe = pc.at("end").get<int64_t>();
     const int64_t lo = std::max(begin, pb), hi = std::min(end, pe);
     if (hi <= lo) continue;
     SafetensorsFile& f = reader.file(pc.at("file").get<std::string>());
     const std::string key = piece_key(kind, name, pb) + (mine.split() ? "@tp" + std::to_string(mine.rank) : "");
-    if (!f.has(key)) throw UserError(f.path() + ": lacks " + key + " that the index promises");
-    at::Tensor src = f.get(key);
+    at::Tensor src = piece_tensor(f, key, pe - pb);
     dst.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - pb, hi - lo));
     covered += hi - lo;
   }
@@ -897,7 +885,9 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
   for (const auto& [module, ab] : adapters) {
     const std::string key = peft_to_hf_name(module);
     const double r = pattern_value("rank_pattern", key, r0), alpha = pattern_value("alpha_pattern", key, alpha0);
-    const int64_t rows = index["params"].at(ab.first).at("shape").at(0).get<int64_t>();
+    const auto& a_shape = index["params"].at(ab.first).at("shape");
+    if (a_shape.size() != 2) throw UserError(path + ": LoRA layer " + module + ": lora_A is not a matrix (" + a_shape.dump() + ")");
+    const int64_t rows = a_shape[0].get<int64_t>();
     if (rows != int64_t(r))
       throw UserError(fmt::format("{}: LoRA layer {} has rank {} (lora_A's rows) but adapter_config.json gives it r {}",
                                   path, module, rows, r));

@@ -103,6 +103,30 @@ std::optional<std::string> attr_chain(Value* v, Value* self) {
   return join(parts, ".");
 }
 
+std::string child_path(const std::string& parent, const std::string& rel) {
+  return parent.empty() ? rel : rel.empty() ? parent : parent + "." + rel;
+}
+
+// Calls fn(target, node) for every prim::CallMethod on a submodule in the forward graph of module
+// `m` (at `path` in the model), in graph order, nested blocks included; target is the called
+// module's full path. Descending further is fn's choice: the three walks over the forward graphs
+// (the SP checks of modules after the units and of what they call, and the call order behind
+// sequence_parallel_gather) differ only in that.
+void for_each_call(const std::string& path, const torch::jit::Module& m,
+                   const std::function<void(const std::string& target, Node* call)>& fn) {
+  if (!m.find_method("forward")) return;
+  auto g = torch::jit::toGraphFunction(m.get_method("forward").function()).graph();
+  Value* self = g->inputs()[0];
+  std::function<void(torch::jit::Block*)> walk = [&](torch::jit::Block* b) {
+    for (Node* node : b->nodes()) {
+      for (auto* sub : node->blocks()) walk(sub);
+      if (node->kind() != c10::prim::CallMethod) continue;
+      if (auto rel = attr_chain(node->input(0), self)) fn(child_path(path, *rel), node);
+    }
+  };
+  walk(g->block());
+}
+
 std::string shape_str(const std::vector<int64_t>& s) { return "[" + fmt::format("{}", fmt::join(s, ", ")) + "]"; }
 
 bool style_splits_weight(const std::string& k) {
@@ -286,28 +310,13 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
         if (model.params()[size_t(i)].unit < 0 && a.split_dim[size_t(i)] < 0 && !a.grad_sum[size_t(i)])
           unmarked_after.push_back(model.params()[size_t(i)].name);
       }
-      if (!m.find_method("forward")) return;
-      auto g = torch::jit::toGraphFunction(m.get_method("forward").function()).graph();
-      std::function<void(torch::jit::Block*)> walk = [&](torch::jit::Block* b) {
-        for (Node* node : b->nodes()) {
-          for (auto* sub : node->blocks()) walk(sub);
-          if (node->kind() != c10::prim::CallMethod) continue;
-          auto rel = attr_chain(node->input(0), g->inputs()[0]);
-          if (rel) flag_called(path + "." + *rel, submodule_at(model.module(), path + "." + *rel));
-        }
-      };
-      walk(g->block());
+      for_each_call(path, m, [&](const std::string& target, Node*) {
+        flag_called(target, submodule_at(model.module(), target));
+      });
     };
     std::function<void(const std::string&, const torch::jit::Module&)> scan = [&](const std::string& path,
                                                                                    const torch::jit::Module& m) {
-      if (!m.find_method("forward")) return;
-      auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
-      auto g = fn.graph();
-      for (Node* node : g->nodes()) {
-        if (node->kind() != c10::prim::CallMethod) continue;
-        auto rel = attr_chain(node->input(0), g->inputs()[0]);
-        if (!rel) continue;
-        const std::string target = path.empty() ? *rel : path + "." + *rel;
+      for_each_call(path, m, [&](const std::string& target, Node*) {
         bool unit = false, container = false;
         for (const auto& u : unit_paths) {
           if (target == u || target.rfind(u + ".", 0) == 0) unit = true;
@@ -320,7 +329,7 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
         } else if (after_units) {
           flag_called(target, submodule_at(model.module(), target));
         }
-      }
+      });
     };
     scan("", model.module());
     if (!unmarked_after.empty())
@@ -352,10 +361,6 @@ std::string describe_tp_assignment(const Model& model, const TpAssignment& a, in
 }
 
 namespace {
-
-std::string child_path(const std::string& parent, const std::string& rel) {
-  return parent.empty() ? rel : rel.empty() ? parent : parent + "." + rel;
-}
 
 Value* insert_op(torch::jit::Graph& g, const char* op, std::vector<torch::jit::NamedValue> args, const c10::TypePtr& type) {
   Value* out = g.insert(c10::Symbol::fromQualString(op), args);
@@ -566,21 +571,12 @@ class TensorParallelImpl final : public TensorParallel {
   // Module paths in the order the forward graphs call them, depth first (a module before the
   // modules it calls); each call site of a shared graph under its own path.
   void call_order(const std::string& path, const torch::jit::Module& m, std::vector<std::string>& out) const {
-    if (!m.find_method("forward") || out.size() > 100000) return;
-    auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
-    Value* self = fn.graph()->inputs()[0];
-    std::function<void(torch::jit::Block*)> walk = [&](torch::jit::Block* b) {
-      for (Node* node : b->nodes()) {
-        for (auto* sub : node->blocks()) walk(sub);
-        if (node->kind() != c10::prim::CallMethod || node->s(c10::attr::name) != "forward") continue;
-        auto rel = attr_chain(node->input(0), self);
-        if (!rel) continue;
-        const std::string target = child_path(path, *rel);
-        out.push_back(target);
-        call_order(target, submodule_at(model_.module(), target), out);
-      }
-    };
-    walk(fn.graph()->block());
+    if (out.size() > 100000) return;
+    for_each_call(path, m, [&](const std::string& target, Node* call) {
+      if (call->s(c10::attr::name) != "forward") return;
+      out.push_back(target);
+      call_order(target, submodule_at(model_.module(), target), out);
+    });
   }
 
   // The modules called after each sequence_parallel_gather module (their inputs are whole).

@@ -151,6 +151,53 @@ def scenario_corrupt():
         if chk.returncode == 0:
             fail(f"{what}: inspect did not report it")
         print(f"{what}: detected before training ({message})")
+    # A damaged index.json: each is one clear error naming the key, from resume, inspect and export
+    # alike (never an internal error or a read past a tensor's end).
+    def mangle_end(j):
+        name = sorted(j["params"])[0]
+        p = j["params"][name]
+        n = 1
+        for d in p["shape"]:
+            n *= d
+        p["pieces"][0]["end"] = n + 1
+        return f'params["{name}"].pieces[0].end'
+
+    def mangle_file(j):
+        name = sorted(j["params"])[1]
+        j["params"][name]["pieces"][0]["file"] = "../rank_00001.safetensors"
+        return f'params["{name}"].pieces[0].file'
+
+    def mangle_step(j):
+        j["trainer"]["step"] = 10.5
+        return "trainer.step"
+
+    def mangle_pieces(j):
+        name = sorted(j["params"])[2]
+        del j["params"][name]["pieces"]
+        return f'params["{name}"].pieces'
+
+    for i, mangle in enumerate((mangle_end, mangle_file, mangle_step, mangle_pieces)):
+        bad = fresh(f"{A.work}/corrupt_index_{i}")
+        shutil.copytree(f"{ck}/step_00000010", bad)
+        with open(f"{bad}/index.json") as f:
+            j = json.load(f)
+        key = mangle(j)
+        with open(f"{bad}/index.json", "w") as f:
+            json.dump(j, f)
+        checks = [("inspect", [A.bin, "inspect", bad]),
+                  ("export", [A.bin, "export", "--checkpoint", bad, "--out", f"{bad}.safetensors"])]
+        if i == 0:
+            checks.append(("resume", cmd(2, f"{A.work}/corrupt_run", "distributed.zero_dp_strategy=3",
+                                         f"checkpoint.resume={bad}")))
+        for what, argv in checks:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            out = p.stdout + p.stderr
+            if p.returncode != 2 or f"{bad}/index.json: corrupt checkpoint index: {key}" not in out or "internal" in out:
+                print(out[-2000:])
+                fail(f"{mangle.__name__}: {what} exited {p.returncode} without naming {key}")
+            if os.path.exists(f"{bad}.safetensors"):
+                fail(f"{mangle.__name__}: export left {bad}.safetensors behind")
+        print(f"index.json with a bad {key}: one error naming it ({', '.join(c[0] for c in checks)})")
     out = run(1, f"{A.work}/corrupt_run", f"model.path={A.fx}/gpt_untied.pt", f"checkpoint.resume={ck}/step_00000010",
               expect=2)
     if "belongs to another model" not in out:
