@@ -15,8 +15,8 @@ Checks, each a failure with a reason (exit 1):
   - a killed job ends: mpirun exits within 60 s of the kill, no rank left running;
   - each restart resumes from the newest complete checkpoint (`latest`, verified by mfsdp inspect);
   - at the end the checkpoint directory holds `latest` and complete step directories only (no
-    .tmp or .replaced directory), and no file is left in /tmp or /dev/shm that the runs created
-    and that is not Open MPI's own session data (listed separately);
+    .tmp or .replaced directory), and no file is left in the runs' own TMPDIR or in /dev/shm
+    but Open MPI's session data (listed separately);
   - RSS flat: the least-squares slope of each rank's RSS over steps 10%..100% of the reference,
     in MiB per 1000 steps, below --max-slope (default 2).
 Writes the measurements to --out (markdown), with the date and the command.
@@ -113,11 +113,17 @@ def main():
     ap.add_argument("--work", default="/tmp/mfsdp_soak")
     ap.add_argument("--out", default=f"{HERE}/results_soak.md")
     a = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # progress lines as they happen, also into a file
     rng = random.Random(a.seed)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
-    tmp_before, shm_before = listing("/tmp"), listing("/dev/shm")
+    # The runs' temporary files (Open MPI's session directory among them) go to a directory of
+    # their own, which must hold nothing but Open MPI's session data at the end.
+    tmpdir = f"{a.work}/tmp"
+    os.makedirs(tmpdir)
+    env["TMPDIR"] = tmpdir
+    shm_before = listing("/dev/shm")
 
     def command(run_dir, ckpt):
         return ["mpirun", "--oversubscribe", "-np", str(a.np), a.bin, "train", "-c", f"{a.fx}/base.yaml",
@@ -236,12 +242,12 @@ def main():
     if stray:
         fail(f"{ck} holds {stray} after the soak")
     steps_kept = sorted(n for n in listing(ck) if n.startswith("step_"))
-    new_tmp = sorted(listing("/tmp") - tmp_before)
+    new_tmp = sorted(listing(tmpdir))
     new_shm = sorted(listing("/dev/shm") - shm_before)
     mpi_own = [n for n in new_tmp + new_shm if n.startswith(("ompi.", "openmpi-sessions", "prterun", "pmix", "sm_segment", "vader_segment"))]
-    ours = [n for n in new_tmp + new_shm if n not in mpi_own and not f"/tmp/{n}".startswith(a.work)]
+    ours = [n for n in new_tmp + new_shm if n not in mpi_own]
     if ours:
-        fail(f"left in /tmp or /dev/shm: {ours}")
+        fail(f"left in TMPDIR or /dev/shm: {ours}")
 
     rows = "\n".join(f"| {r} | {first:.1f} | {peak:.1f} | {last:.1f} | {sl:+.2f} | {n} |" for r, first, peak, last, sl, n in rss_rows)
     worst = max(abs(r[4]) for r in rss_rows)
@@ -259,7 +265,7 @@ each launch) and started again each time; in all {soak_secs:.0f} s.
 Result: every loss and grad norm the soak logged ({len(got)} records: the final log's {len(final)} and
 the {len(earlier)} logged before the kills, steps that ran again after them) equals the reference's bit for bit; each killed job ended by itself;
 each restart resumed from `latest` (verified by `mfsdp inspect`); left at the end: `latest` and
-{', '.join(steps_kept)}, nothing in /tmp or /dev/shm{f' but Open MPI session data ({len(mpi_own)})' if mpi_own else ''}.
+{', '.join(steps_kept)}, nothing in the runs' TMPDIR or in /dev/shm{f' but Open MPI session data ({", ".join(mpi_own)})' if mpi_own else ''}.
 
 ## RSS of each rank in the reference (steps {a.steps // 10}..{a.steps}, sampled every 0.5 s)
 

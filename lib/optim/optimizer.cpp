@@ -1,6 +1,7 @@
 #include "optim/optimizer.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>  // at::parallel_for: the fused passes on ATen's threads
 
 #include <cmath>
 
@@ -20,6 +21,62 @@ void update_fp32(at::Tensor& weight, F&& body) {
     body(w32);
     weight.copy_(w32);
   }
+}
+
+// One pass over a contiguous fp32 CPU slot instead of ATen's op-by-op sequence (mul_, add_, mul_,
+// addcmul_, sqrt, div, add_, addcdiv_: eight passes over memory and two temporaries). Each element
+// is updated with PyTorch's formula, in fp32, the same arithmetic whatever the slot's length or
+// where a shard boundary cuts it: the loop has no reduction and the compiler does not contract it
+// into FMAs (x86-64 baseline), so vectorised and scalar tails round alike, and a layout change
+// (N ranks against one) moves no bits. Threads: ATen's pool, blocks of 32k elements.
+bool fused_eligible(const at::Tensor& w, const at::Tensor& g) {
+  return w.device().is_cpu() && g.device().is_cpu() && w.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat &&
+         w.is_contiguous() && g.is_contiguous();
+}
+
+void adam_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, float b1, float b2, float eps,
+                    float wd, bool decoupled, float lr, float step_size, float bc2_sqrt) {
+  float* __restrict W = w.data_ptr<float>();
+  const float* __restrict G = g.data_ptr<float>();
+  float* __restrict M = m.data_ptr<float>();
+  float* __restrict V = v.data_ptr<float>();
+  const float decay = 1.0f - lr * wd, one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
+  at::parallel_for(0, w.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
+    if (decoupled) {
+      for (int64_t i = lo; i < hi; ++i) {
+        const float wi = wd != 0 ? W[i] * decay : W[i], gi = G[i];
+        const float mi = M[i] * b1 + gi * one_b1, vi = V[i] * b2 + gi * gi * one_b2;
+        M[i] = mi;
+        V[i] = vi;
+        W[i] = wi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+      }
+    } else {
+      for (int64_t i = lo; i < hi; ++i) {
+        const float gi = wd != 0 ? G[i] + W[i] * wd : G[i];
+        const float mi = M[i] * b1 + gi * one_b1, vi = V[i] * b2 + gi * gi * one_b2;
+        M[i] = mi;
+        V[i] = vi;
+        W[i] = W[i] - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+      }
+    }
+  });
+}
+
+void sgd_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor* buf, float lr, float wd, float momentum, bool nesterov) {
+  float* __restrict W = w.data_ptr<float>();
+  const float* __restrict G = g.data_ptr<float>();
+  float* __restrict B = buf ? buf->data_ptr<float>() : nullptr;
+  at::parallel_for(0, w.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float gi = wd != 0 ? G[i] + W[i] * wd : G[i];
+      if (B) {
+        const float bi = B[i] * momentum + gi;
+        B[i] = bi;
+        gi = nesterov ? gi + bi * momentum : bi;
+      }
+      W[i] = W[i] - lr * gi;
+    }
+  });
 }
 
 class Adam final : public Optimizer {
@@ -49,6 +106,11 @@ class Adam final : public Optimizer {
       auto& s = slots[i];
       if (s.frozen) continue;
       const double wd = s.decay ? c_.weight_decay : 0.0;
+      if (fused_eligible(s.weight, s.grad)) {
+        adam_fused_cpu(s.weight, s.grad, m_[i], v_[i], float(b1), float(b2), float(c_.eps), float(wd), decoupled_,
+                       float(lr), float(step_size), float(bc2_sqrt));
+        continue;
+      }
       at::Tensor g = s.grad.scalar_type() == at::kFloat ? s.grad : s.grad.to(at::kFloat);
       update_fp32(s.weight, [&](at::Tensor& w) {
         if (wd != 0) {
@@ -97,6 +159,16 @@ class Sgd final : public Optimizer {
       auto& s = slots[i];
       if (s.frozen) continue;
       const double wd = s.decay ? c_.weight_decay : 0.0;
+      if (fused_eligible(s.weight, s.grad)) {
+        at::Tensor* buf = nullptr;
+        if (c_.momentum != 0) {
+          // A zero buffer makes the first step's 0 * momentum + g = g, as torch.optim's clone of g.
+          if (!buf_[i].defined()) buf_[i] = at::zeros_like(s.weight, at::kFloat);
+          buf = &buf_[i];
+        }
+        sgd_fused_cpu(s.weight, s.grad, buf, float(lr), float(wd), float(c_.momentum), c_.nesterov);
+        continue;
+      }
       at::Tensor g = s.grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
       update_fp32(s.weight, [&](at::Tensor& w) {
         if (wd != 0) g.add_(w, wd);
