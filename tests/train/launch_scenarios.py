@@ -46,8 +46,9 @@ def rank_pids(run_dir):
     return out
 
 
-def wait_training(run_dir, p):
-    for _ in range(600):
+def wait_training(run_dir, p, limit_s=120):
+    """Whether the job logged its first step within limit_s (a deadline: sanitizer builds start slowly)."""
+    for _ in range(int(limit_s / 0.05)):
         if p.poll() is not None:
             return False
         if os.path.exists(f"{run_dir}/metrics.jsonl") and os.path.getsize(f"{run_dir}/metrics.jsonl") > 0:
@@ -65,6 +66,9 @@ def scenario_kill():
                                  f"distributed.timeout_s={timeout_s}"),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         if not wait_training(rd, p):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            print(p.communicate()[0][-2000:])
             fail(f"trial {trial}: the run did not start training")
         time.sleep(random.uniform(0.0, 1.5))
         pids = rank_pids(rd)
