@@ -16,7 +16,7 @@ case "$san" in
   thread) B=${SAN_BUILD_DIR:-build-tsan} ;;
   *) echo "sanitize.sh: address,undefined or thread, got $san" >&2; exit 2 ;;
 esac
-regex=${2:-'^(test_|prepare_data_checks$|tokenizer_ids_hf_gpt2$|tokenizer_ids_sentencepiece_v1$|run_fsdp_fp32_s[0-3]_n[24]_ovon_dboff$|run_tp2_sp_s3_n4_db$|run_cp2$|ckpt_exact_s3$|ckpt_async$|launch_kill$)'}
+regex=${2:-'^(test_|prepare_data_checks$|tokenizer_ids_bpe$|tokenizer_ids_other$|run_fsdp_fp32_s[0-3]_n[24]_ovon_dboff$|run_tp2_sp_s3_n4_db$|run_cp2$|ckpt_exact_s3$|checkpoint_async$|launch_kill$)'}
 PY=$(cd .venv/bin && pwd)/python
 TORCH_CMAKE=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 generator=()
