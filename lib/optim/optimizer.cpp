@@ -34,18 +34,22 @@ bool fused_eligible(const at::Tensor& w, const at::Tensor& g) {
          w.is_contiguous() && g.is_contiguous();
 }
 
-void adam_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, float b1, float b2, float eps,
-                    float wd, bool decoupled, float lr, float step_size, float bc2_sqrt) {
+// Scalars come in as doubles and are rounded to fp32 once, as ATen's ops round theirs (the factor
+// 1 - lr * wd and 1 - beta are formed in double, as torch.optim forms them in Python).
+void adam_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double beta1, double beta2,
+                    double eps_d, double wd_d, bool decoupled, double lr, double step_size_d, double bc2_sqrt_d) {
   float* __restrict W = w.data_ptr<float>();
   const float* __restrict G = g.data_ptr<float>();
   float* __restrict M = m.data_ptr<float>();
   float* __restrict V = v.data_ptr<float>();
-  const float decay = 1.0f - lr * wd, one_b1 = 1.0f - b1, one_b2 = 1.0f - b2;
+  const float b1 = float(beta1), b2 = float(beta2), eps = float(eps_d), wd = float(wd_d), step_size = float(step_size_d),
+              bc2_sqrt = float(bc2_sqrt_d), decay = float(1.0 - lr * wd_d), one_b1 = float(1.0 - beta1),
+              one_b2 = float(1.0 - beta2);
   at::parallel_for(0, w.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
     if (decoupled) {
       for (int64_t i = lo; i < hi; ++i) {
         const float wi = wd != 0 ? W[i] * decay : W[i], gi = G[i];
-        const float mi = M[i] * b1 + gi * one_b1, vi = V[i] * b2 + gi * gi * one_b2;
+        const float mi = M[i] * b1 + gi * one_b1, vi = V[i] * b2 + one_b2 * gi * gi;
         M[i] = mi;
         V[i] = vi;
         W[i] = wi - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
@@ -53,7 +57,7 @@ void adam_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tenso
     } else {
       for (int64_t i = lo; i < hi; ++i) {
         const float gi = wd != 0 ? G[i] + W[i] * wd : G[i];
-        const float mi = M[i] * b1 + gi * one_b1, vi = V[i] * b2 + gi * gi * one_b2;
+        const float mi = M[i] * b1 + gi * one_b1, vi = V[i] * b2 + one_b2 * gi * gi;
         M[i] = mi;
         V[i] = vi;
         W[i] = W[i] - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
@@ -107,8 +111,7 @@ class Adam final : public Optimizer {
       if (s.frozen) continue;
       const double wd = s.decay ? c_.weight_decay : 0.0;
       if (fused_eligible(s.weight, s.grad)) {
-        adam_fused_cpu(s.weight, s.grad, m_[i], v_[i], float(b1), float(b2), float(c_.eps), float(wd), decoupled_,
-                       float(lr), float(step_size), float(bc2_sqrt));
+        adam_fused_cpu(s.weight, s.grad, m_[i], v_[i], b1, b2, c_.eps, wd, decoupled_, lr, step_size, bc2_sqrt);
         continue;
       }
       at::Tensor g = s.grad.scalar_type() == at::kFloat ? s.grad : s.grad.to(at::kFloat);
