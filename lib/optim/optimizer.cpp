@@ -26,8 +26,8 @@ void update_fp32(at::Tensor& weight, F&& body) {
 // One pass over a contiguous fp32 CPU slot instead of ATen's op-by-op sequence (mul_, add_, mul_,
 // addcmul_, sqrt, div, add_, addcdiv_: eight passes over memory and two temporaries). Each element
 // is updated with PyTorch's formula, in fp32, the same arithmetic whatever the slot's length or
-// where a shard boundary cuts it: the loop has no reduction and the compiler does not contract it
-// into FMAs (x86-64 baseline), so vectorised and scalar tails round alike, and a layout change
+// where a shard boundary cuts it: the loop has no reduction and is built with -ffp-contract=off
+// (lib/CMakeLists.txt: no FMAs), so vectorised and scalar tails round alike, and a layout change
 // (N ranks against one) moves no bits. Threads: ATen's pool, blocks of 32k elements.
 bool fused_eligible(const at::Tensor& w, const at::Tensor& g) {
   return w.device().is_cpu() && g.device().is_cpu() && w.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat &&
