@@ -205,3 +205,56 @@ TEST_CASE("fused optimizer passes: layout- and thread-independent, equal to the 
     WARN(name << ": fused vs op-by-op after 5 steps, relative difference " << rel);
   }
 }
+
+// The three update paths on the same slots (one with weight decay, one without: two groups for
+// ATen's list kernels), five steps with a clip coefficient: ATen's fused kernels (the GPU path,
+// run here on the CPU: the same ATen call) and mfsdp's CPU pass against op by op. And the folded
+// coefficient against gradients multiplied beforehand (clip_grad_norm_ then step): bit-equal on
+// the CPU pass, which folds it, as on the paths that multiply in place. bf16 gradients too.
+TEST_CASE("update paths: ATen fused kernels, the CPU pass and op by op agree; the clip coefficient folds exactly") {
+  const int64_t n = 40009;
+  at::manual_seed(11);
+  const at::Tensor w0 = at::randn({n}), grads = at::randn({5, n});
+  const at::Tensor coeff = at::full({}, 0.37, at::kDouble);
+  for (const char* name : {"adamw", "adam", "sgd"}) {
+    OptimizerConfig c;
+    c.name = name;
+    c.weight_decay = 0.05;
+    c.momentum = 0.9;
+    c.nesterov = false;
+    auto run = [&](UpdatePath path, bool fold, at::ScalarType gtype = at::kFloat) {
+      auto opt = make_optimizer(c, path);
+      at::Tensor w = w0.clone(), g = at::zeros({n}, gtype);
+      std::vector<OptimSlot> slots{{"a", w.narrow(0, 0, 30000), g.narrow(0, 0, 30000), true},
+                                   {"b", w.narrow(0, 30000, n - 30000), g.narrow(0, 30000, n - 30000), false}};
+      for (int64_t s = 0; s < grads.size(0); ++s) {
+        g.copy_(grads[s]);
+        if (fold) {
+          opt->step(slots, 1e-2, coeff);
+        } else {
+          g.mul_(coeff.to(gtype));
+          opt->step(slots, 1e-2);
+        }
+      }
+      return w;
+    };
+    INFO(name);
+    const at::Tensor ops = run(UpdatePath::kOpByOp, false), cpu = run(UpdatePath::kCpuFused, true),
+                     aten = run(UpdatePath::kAtenFused, true);
+    CHECK(at::equal(cpu, run(UpdatePath::kCpuFused, false)));
+    CHECK(at::equal(ops, run(UpdatePath::kOpByOp, true)));
+    CHECK(at::equal(aten, run(UpdatePath::kAtenFused, false)));
+    CHECK(!at::equal(ops, w0));
+    // bf16 gradients (grad_reduce_in_fp32 off): the fused paths read an fp32 copy.
+    const at::Tensor ops16 = run(UpdatePath::kOpByOp, true, at::kBFloat16);
+    for (auto path : {UpdatePath::kCpuFused, UpdatePath::kAtenFused}) {
+      const double rel = ((run(path, true, at::kBFloat16) - ops16).norm() / (ops16 - w0).norm()).item<double>();
+      CHECK(rel < 1e-5);
+    }
+    for (auto [what, t] : {std::pair{"cpu pass", cpu}, std::pair{"aten fused", aten}}) {
+      const double rel = ((t - ops).norm() / (ops - w0).norm()).item<double>();
+      WARN(name << ": " << what << " vs op by op after 5 steps, relative to the update " << rel);
+      CHECK(rel < 1e-5);
+    }
+  }
+}

@@ -35,8 +35,6 @@ class ParallelEngine {
   // Global L2 norm of the main gradients, every element counted once across the job: a 0-dim
   // fp64 tensor on the engine's device (reading it is the caller's host synchronisation).
   virtual at::Tensor grad_norm() = 0;
-  // Multiplies the main gradients by the 0-dim tensor `s` (a device-side clip coefficient).
-  virtual void scale_grads(const at::Tensor& s) = 0;
   // Names of parameters whose gradient holds a NaN or Inf (this rank's part).
   virtual std::vector<std::string> nonfinite_grads() = 0;
   virtual std::vector<OptimSlot>& slots() = 0;

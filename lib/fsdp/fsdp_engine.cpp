@@ -266,11 +266,6 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     return sq.sqrt().reshape({});
   }
 
-  void scale_grads(const at::Tensor& s) override {
-    for (auto& b : buckets_)
-      if (!b.frozen) b.grad_shard.mul_(s.to(b.grad_shard.scalar_type()));
-  }
-
   std::vector<std::string> nonfinite_grads() override {
     std::vector<std::string> bad;
     for (auto& s : slots_)

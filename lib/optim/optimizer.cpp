@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>  // at::parallel_for: the fused passes on ATen's threads
 
+#include <algorithm>
 #include <cmath>
 
 #include "util/error.h"
@@ -29,15 +30,12 @@ void update_fp32(at::Tensor& weight, F&& body) {
 // where a shard boundary cuts it: the loop has no reduction and is built with -ffp-contract=off
 // (lib/CMakeLists.txt: no FMAs), so vectorised and scalar tails round alike, and a layout change
 // (N ranks against one) moves no bits. Threads: ATen's pool, blocks of 32k elements.
-bool fused_eligible(const at::Tensor& w, const at::Tensor& g) {
-  return w.device().is_cpu() && g.device().is_cpu() && w.scalar_type() == at::kFloat && g.scalar_type() == at::kFloat &&
-         w.is_contiguous() && g.is_contiguous();
-}
-
 // Scalars come in as doubles and are rounded to fp32 once, as ATen's ops round theirs (the factor
 // 1 - lr * wd and 1 - beta are formed in double, as torch.optim forms them in Python).
+// `gs` is the clip coefficient folded into the loop: g x gs is the product clip_grad_norm_'s mul_
+// would have stored (one fp32 rounding), so folding it changes no bit and saves a pass.
 void adam_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double beta1, double beta2,
-                    double eps_d, double wd_d, bool decoupled, double lr, double step_size_d, double bc2_sqrt_d) {
+                    double eps_d, double wd_d, bool decoupled, double lr, double step_size_d, double bc2_sqrt_d, float gs) {
   float* __restrict W = w.data_ptr<float>();
   const float* __restrict G = g.data_ptr<float>();
   float* __restrict M = m.data_ptr<float>();
@@ -48,7 +46,7 @@ void adam_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tenso
   at::parallel_for(0, w.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
     if (decoupled) {
       for (int64_t i = lo; i < hi; ++i) {
-        const float wi = wd != 0 ? W[i] * decay : W[i], gi = G[i];
+        const float wi = wd != 0 ? W[i] * decay : W[i], gi = G[i] * gs;
         const float mi = M[i] * b1 + gi * one_b1, vi = V[i] * b2 + one_b2 * gi * gi;
         M[i] = mi;
         V[i] = vi;
@@ -56,7 +54,7 @@ void adam_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tenso
       }
     } else {
       for (int64_t i = lo; i < hi; ++i) {
-        const float gi = wd != 0 ? G[i] + W[i] * wd : G[i];
+        const float gi = wd != 0 ? G[i] * gs + W[i] * wd : G[i] * gs;
         const float mi = M[i] * b1 + gi * one_b1, vi = V[i] * b2 + one_b2 * gi * gi;
         M[i] = mi;
         V[i] = vi;
@@ -66,13 +64,14 @@ void adam_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor& m, at::Tenso
   });
 }
 
-void sgd_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor* buf, float lr, float wd, float momentum, bool nesterov) {
+void sgd_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor* buf, float lr, float wd, float momentum, bool nesterov,
+                   float gs) {
   float* __restrict W = w.data_ptr<float>();
   const float* __restrict G = g.data_ptr<float>();
   float* __restrict B = buf ? buf->data_ptr<float>() : nullptr;
   at::parallel_for(0, w.numel(), 1 << 15, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
-      float gi = wd != 0 ? G[i] + W[i] * wd : G[i];
+      float gi = wd != 0 ? G[i] * gs + W[i] * wd : G[i] * gs;
       if (B) {
         const float bi = B[i] * momentum + gi;
         B[i] = bi;
@@ -83,10 +82,58 @@ void sgd_fused_cpu(at::Tensor& w, const at::Tensor& g, at::Tensor* buf, float lr
   });
 }
 
+// The fused paths take a contiguous fp32 weight with a contiguous gradient beside it. A bf16/fp16
+// gradient (grad_reduce_in_fp32 off) is read through an fp32 copy (`as_fp32`), as the op-by-op
+// path reads it; bf16 main weights (no preserve_fp32_weights) go op by op.
+bool fused_takes(const at::Tensor& w, const at::Tensor& g) {
+  return w.scalar_type() == at::kFloat && w.is_contiguous() && g.is_contiguous() && g.is_floating_point() &&
+         w.device() == g.device();
+}
+at::Tensor as_fp32(const at::Tensor& g) { return g.scalar_type() == at::kFloat ? g : g.to(at::kFloat); }
+
+UpdatePath path_for(UpdatePath forced, const OptimSlot& s) {
+  if (!fused_takes(s.weight, s.grad)) return UpdatePath::kOpByOp;
+  if (forced != UpdatePath::kAuto) return forced == UpdatePath::kCpuFused && !s.weight.device().is_cpu() ? UpdatePath::kOpByOp : forced;
+  return s.weight.device().is_cpu() ? UpdatePath::kCpuFused : UpdatePath::kAtenFused;
+}
+
+// The CPU pass reads the clip coefficient on the host (free there); 1 when there is none.
+float host_scale(const at::Tensor& grad_scale) {
+  return grad_scale.defined() ? grad_scale.to(at::kCPU).to(at::kFloat).item<float>() : 1.0f;
+}
+
+// Paths that read the gradient as stored get it multiplied first, as clip_grad_norm_ leaves it
+// (in the gradient's dtype). The CPU pass folds it instead when the gradient is fp32 itself.
+void scale_in_place(const OptimSlot& s, const at::Tensor& grad_scale) {
+  if (grad_scale.defined()) s.grad.mul_(grad_scale.to(s.grad.device(), s.grad.scalar_type()));
+}
+
+// ATen's fused kernels take lists: slots grouped by device and weight decay (decay vs no-decay
+// parameters), one call per group. The step count is a device tensor the kernels read (torch.optim
+// increments its own before calling them); one tensor serves every slot of a call.
+struct AtenGroup {
+  double wd;
+  c10::Device device;
+  std::vector<size_t> slots;
+};
+std::vector<AtenGroup> aten_groups(const std::vector<OptimSlot>& slots, const std::vector<UpdatePath>& paths,
+                                   double weight_decay) {
+  std::vector<AtenGroup> groups;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (paths[i] != UpdatePath::kAtenFused) continue;
+    const double wd = slots[i].decay ? weight_decay : 0.0;
+    const c10::Device dev = slots[i].weight.device();
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const AtenGroup& g) { return g.wd == wd && g.device == dev; });
+    if (it == groups.end()) groups.push_back({wd, dev, {i}});
+    else it->slots.push_back(i);
+  }
+  return groups;
+}
+
 class Adam final : public Optimizer {
  public:
-  Adam(const OptimizerConfig& c, bool decoupled)
-      : c_(c), decoupled_(decoupled), plant_no_bc2_(test_plant("optimizer")) {}
+  Adam(const OptimizerConfig& c, bool decoupled, UpdatePath path)
+      : c_(c), decoupled_(decoupled), path_(path), plant_no_bc2_(test_plant("optimizer")) {}
   void ensure(const std::vector<OptimSlot>& slots) {
     if (!m_.empty()) return;
     for (auto& s : slots) {
@@ -99,21 +146,47 @@ class Adam final : public Optimizer {
     ensure(slots);
     return kind == "exp_avg" ? m_.at(slot) : v_.at(slot);
   }
-  void step(std::vector<OptimSlot>& slots, double lr) override {
+  void step(std::vector<OptimSlot>& slots, double lr, const at::Tensor& grad_scale) override {
     ensure(slots);
     ++step_;
     const double b1 = c_.betas[0], b2 = c_.betas[1];
     const double bc1 = 1.0 - std::pow(b1, double(step_));
     const double bc2 = plant_no_bc2_ ? 1.0 : 1.0 - std::pow(b2, double(step_));  // planted bug: tests only
     const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+    std::vector<UpdatePath> paths(slots.size(), UpdatePath::kOpByOp);
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (!slots[i].frozen) paths[i] = path_for(path_, slots[i]);
+    // The planted bug (no second bias correction) has no fused-kernel form: those slots go op by op.
+    if (plant_no_bc2_) std::replace(paths.begin(), paths.end(), UpdatePath::kAtenFused, UpdatePath::kOpByOp);
+    const float gs = std::count(paths.begin(), paths.end(), UpdatePath::kCpuFused) ? host_scale(grad_scale) : 1.0f;
+    for (const AtenGroup& grp : aten_groups(slots, paths, c_.weight_decay)) {
+      std::vector<at::Tensor> w, g, m, v;
+      for (size_t i : grp.slots) {
+        scale_in_place(slots[i], grad_scale);
+        w.push_back(slots[i].weight);
+        g.push_back(as_fp32(slots[i].grad));
+        m.push_back(m_[i]);
+        v.push_back(v_[i]);
+      }
+      const at::Tensor t = at::full({}, double(step_), at::TensorOptions().dtype(at::kFloat).device(grp.device));
+      const std::vector<at::Tensor> steps(w.size(), t);
+      if (decoupled_)
+        at::_fused_adamw_(w, g, m, v, {}, steps, lr, b1, b2, grp.wd, c_.eps, /*amsgrad=*/false, /*maximize=*/false);
+      else
+        at::_fused_adam_(w, g, m, v, {}, steps, lr, b1, b2, grp.wd, c_.eps, /*amsgrad=*/false, /*maximize=*/false);
+    }
     for (size_t i = 0; i < slots.size(); ++i) {
       auto& s = slots[i];
-      if (s.frozen) continue;
+      if (s.frozen || paths[i] == UpdatePath::kAtenFused) continue;
       const double wd = s.decay ? c_.weight_decay : 0.0;
-      if (fused_eligible(s.weight, s.grad)) {
-        adam_fused_cpu(s.weight, s.grad, m_[i], v_[i], b1, b2, c_.eps, wd, decoupled_, lr, step_size, bc2_sqrt);
+      if (paths[i] == UpdatePath::kCpuFused) {
+        const bool own = s.grad.scalar_type() == at::kFloat;
+        if (!own) scale_in_place(s, grad_scale);
+        adam_fused_cpu(s.weight, as_fp32(s.grad), m_[i], v_[i], b1, b2, c_.eps, wd, decoupled_, lr, step_size, bc2_sqrt,
+                       own ? gs : 1.0f);
         continue;
       }
+      scale_in_place(s, grad_scale);
       at::Tensor g = s.grad.scalar_type() == at::kFloat ? s.grad : s.grad.to(at::kFloat);
       update_fp32(s.weight, [&](at::Tensor& w) {
         if (wd != 0) {
@@ -140,13 +213,14 @@ class Adam final : public Optimizer {
  private:
   OptimizerConfig c_;
   bool decoupled_;
+  UpdatePath path_;
   bool plant_no_bc2_;  // MFSDP_TEST_PLANT=optimizer: no second-moment bias correction
   std::vector<at::Tensor> m_, v_;
 };
 
 class Sgd final : public Optimizer {
  public:
-  explicit Sgd(const OptimizerConfig& c) : c_(c) {}
+  Sgd(const OptimizerConfig& c, UpdatePath path) : c_(c), path_(path) {}
   std::vector<std::string> state_kinds() const override { return {"momentum_buffer"}; }
   at::Tensor slot_state(const std::string&, size_t slot, const std::vector<OptimSlot>& slots) override {
     if (buf_.empty()) buf_.resize(slots.size());
@@ -155,23 +229,43 @@ class Sgd final : public Optimizer {
     if (!buf_.at(slot).defined()) buf_[slot] = at::zeros_like(slots[slot].weight, at::kFloat);
     return buf_[slot];
   }
-  void step(std::vector<OptimSlot>& slots, double lr) override {
+  void step(std::vector<OptimSlot>& slots, double lr, const at::Tensor& grad_scale) override {
     if (buf_.empty()) buf_.resize(slots.size());
     ++step_;
+    std::vector<UpdatePath> paths(slots.size(), UpdatePath::kOpByOp);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].frozen) continue;
+      paths[i] = path_for(path_, slots[i]);
+      // A zero buffer makes the first step's 0 * momentum + g = g, as torch.optim's clone of g
+      // (the fused paths; the op-by-op path clones g itself).
+      if (paths[i] != UpdatePath::kOpByOp && c_.momentum != 0 && !buf_[i].defined())
+        buf_[i] = at::zeros_like(slots[i].weight, at::kFloat);
+    }
+    const float gs = std::count(paths.begin(), paths.end(), UpdatePath::kCpuFused) ? host_scale(grad_scale) : 1.0f;
+    for (const AtenGroup& grp : aten_groups(slots, paths, c_.weight_decay)) {
+      std::vector<at::Tensor> w, g, b;
+      for (size_t i : grp.slots) {
+        scale_in_place(slots[i], grad_scale);
+        w.push_back(slots[i].weight);
+        g.push_back(as_fp32(slots[i].grad));
+        if (c_.momentum != 0) b.push_back(buf_[i]);
+      }
+      // is_first_step false: the zero buffers above give the first step's buf = g.
+      at::_fused_sgd_(w, g, b, grp.wd, c_.momentum, lr, /*dampening=*/0.0, c_.nesterov, /*maximize=*/false,
+                      /*is_first_step=*/false);
+    }
     for (size_t i = 0; i < slots.size(); ++i) {
       auto& s = slots[i];
-      if (s.frozen) continue;
+      if (s.frozen || paths[i] == UpdatePath::kAtenFused) continue;
       const double wd = s.decay ? c_.weight_decay : 0.0;
-      if (fused_eligible(s.weight, s.grad)) {
-        at::Tensor* buf = nullptr;
-        if (c_.momentum != 0) {
-          // A zero buffer makes the first step's 0 * momentum + g = g, as torch.optim's clone of g.
-          if (!buf_[i].defined()) buf_[i] = at::zeros_like(s.weight, at::kFloat);
-          buf = &buf_[i];
-        }
-        sgd_fused_cpu(s.weight, s.grad, buf, float(lr), float(wd), float(c_.momentum), c_.nesterov);
+      if (paths[i] == UpdatePath::kCpuFused) {
+        const bool own = s.grad.scalar_type() == at::kFloat;
+        if (!own) scale_in_place(s, grad_scale);
+        sgd_fused_cpu(s.weight, as_fp32(s.grad), c_.momentum != 0 ? &buf_[i] : nullptr, float(lr), float(wd),
+                      float(c_.momentum), c_.nesterov, own ? gs : 1.0f);
         continue;
       }
+      scale_in_place(s, grad_scale);
       at::Tensor g = s.grad.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
       update_fp32(s.weight, [&](at::Tensor& w) {
         if (wd != 0) g.add_(w, wd);
@@ -194,15 +288,16 @@ class Sgd final : public Optimizer {
 
  private:
   OptimizerConfig c_;
+  UpdatePath path_;
   std::vector<at::Tensor> buf_;
 };
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c) {
-  if (c.name == "adamw") return std::make_unique<Adam>(c, true);
-  if (c.name == "adam") return std::make_unique<Adam>(c, false);
-  if (c.name == "sgd") return std::make_unique<Sgd>(c);
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& c, UpdatePath path) {
+  if (c.name == "adamw") return std::make_unique<Adam>(c, true, path);
+  if (c.name == "adam") return std::make_unique<Adam>(c, false, path);
+  if (c.name == "sgd") return std::make_unique<Sgd>(c, path);
   throw UserError("optimizer.name: unknown optimizer '" + c.name + "'");
 }
 

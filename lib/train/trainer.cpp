@@ -487,15 +487,14 @@ class Trainer {
 
     // Clipping by a coefficient computed on the device, as clip_grad_norm_ does: min(1, clip /
     // (norm + 1e-6)) multiplies the gradients whatever its value (x 1 is exact), so the host need
-    // not see the norm first. A step with a non-finite norm is skipped below, before any weight
-    // changes.
+    // not see the norm first. The optimizer applies it as it reads each gradient (on CPU inside its
+    // fused pass: no pass of its own). A step with a non-finite norm is skipped below, before any
+    // weight changes.
     at::Tensor norm = engine_->grad_norm();
+    at::Tensor clip_coeff;
     if (cfg_.training.clip_grad > 0) {
       at::Tensor n = plant_clip_ ? norm * norm : norm;
-      // A non-finite norm leaves the gradients as they are (coefficient 1), so that the report of
-      // report_nan_in_param_grad names the parameters that really hold NaN/Inf.
-      at::Tensor coeff = (cfg_.training.clip_grad / (n + 1e-6)).clamp_max(1.0);
-      engine_->scale_grads(at::where(at::isfinite(n), coeff, at::ones_like(coeff)));
+      clip_coeff = (cfg_.training.clip_grad / (n + 1e-6)).clamp_max(1.0);
     }
     // The step's one host synchronisation: loss and norm, read together.
     at::Tensor host = at::cat({loss_sum.reshape({1}), norm.reshape({1})}).to(at::kCPU);
@@ -527,7 +526,7 @@ class Trainer {
                          optimizer_->steps_taken() + (plant_schedule_ ? 0 : 1));
     if (!m.skipped) {
       at::NoGradGuard ng;
-      optimizer_->step(engine_->slots(), m.lr);
+      optimizer_->step(engine_->slots(), m.lr, clip_coeff);
       engine_->install_weights(/*trainable_only=*/true);
     }
     // The next step's batches, read by the host while the device runs the optimizer.
