@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """PyTorch's own step time for the model mfsdp trains, on the same data (the side-by-side
-reference for bench/train_step.sh). One process, or DDP (gloo) over --procs processes.
+reference for bench/train_step.sh). One process, DDP (gloo) over --procs processes, or FSDP2
+(fully_shard per block and at the root, gloo, --fsdp); eager or torch.compile (--compile: the
+model's forward and backward through Inductor, the optimizer eager, as most users run it).
 
-    /usr/bin/python3 bench/pytorch_step.py --model-args "..." --data PREFIX --micro 8 --seq 128 --steps 25
-Prints one line: "median_ms <x>" (median of the steps after the first 5).
+    .venv/bin/python bench/pytorch_step.py --arch gpt --data PREFIX --micro 8 --seq 128 --steps 25
+Prints one line: "median_ms <x>" (median of the steps after the first 5: compilation happens in
+the first step).
 """
 import argparse
 import os
@@ -38,17 +41,34 @@ def worker(rank, a):
         model = torch.jit.load(a.jit)  # the very file mfsdp trains
         model.train()
     else:
-        margs = export_model.argparse.Namespace(**{**vars(export_model_defaults()), **parse_kv(a.model_args)})
+        margs = export_model.argparse.Namespace(**{**vars(export_model_defaults()), "arch": a.arch,
+                                                   **parse_kv(a.model_args)})
         model = export_model.build(margs)
-    if a.procs > 1:
+    autocast = a.bf16
+    if a.fsdp:
+        # FSDP2 as torchtitan applies it: each block a unit, the root (embedding, head) the last;
+        # bf16: parameters gathered in bf16, gradients reduced in fp32 (mfsdp's bf16 row).
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mesh = init_device_mesh("cpu", (a.procs,))
+        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.bf16 \
+            else MixedPrecisionPolicy()
+        blocks = model.blocks if hasattr(model, "blocks") else model.layers
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+        autocast = False
+    elif a.procs > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
+    if a.compile:
+        model = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
     pos = torch.arange(a.seq).unsqueeze(0).expand(a.micro, a.seq)
     times = []
     for step in range(a.steps):
         w = windows(a.data, a.seq, a.micro, (step * a.procs + rank) * a.micro)
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(w[:, :-1], pos)
         loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -79,6 +99,7 @@ def parse_kv(s):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", choices=["gpt", "llama"], default="gpt")
     ap.add_argument("--model-args", default="")
     ap.add_argument("--data", required=True)
     ap.add_argument("--micro", type=int, default=8)
@@ -87,6 +108,8 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) over --procs processes instead of DDP")
     ap.add_argument("--jit", help="train this TorchScript file instead of the eager model")
     a = ap.parse_args()
     if a.procs > 1:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One training step of mfsdp against PyTorch 2.11 eager (the same wheel mfsdp links, .venv) on the same model, data, batch and
-# threads, measured side by side in one run (this machine is shared and noisy: compare ratios).
+# One training step of mfsdp against PyTorch 2.11 eager and torch.compile (the same wheel mfsdp links, .venv) on the same
+# model, data, batch and threads, measured side by side in one run (this machine is shared and noisy: compare ratios).
 # Writes bench/results_train_step.md. Needs the demo's data (scripts/demo.sh prepares it).
 #   bench/train_step.sh [STEPS]
 set -euo pipefail
@@ -14,55 +14,65 @@ DATA=runs/demo/data/kjv
 MPIRUN=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 # Both sides run the wheel's LibTorch and its MKL: the comparison is of the trainers.
 PY=.venv/bin/python
-.venv/bin/python scripts/export_model.py --arch gpt --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 128 \
-  --out "$W/gpt.pt" > /dev/null
-# Same shape as the reference figures in ../shared/reference/formats.md: 4 x 256, 4 heads, seq 128,
-# micro-batch 8, AdamW, one thread per process, clipping at 1.0.
-common=(model.path=$W/gpt.pt data.train=$DATA data.valid_fraction=0 training.max_steps=$STEPS training.micro_batch_size=8
+# The shape of the reference figures in ../shared/reference/formats.md: 4 x 256, 4 heads, seq 128,
+# micro-batch 8, AdamW, clipping at 1.0; GPT (learned positions, GELU) and Llama (RoPE, SwiGLU).
+for arch in gpt llama; do
+  .venv/bin/python scripts/export_model.py --arch $arch --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 128 \
+    --out "$W/$arch.pt" > /dev/null
+done
+common=(data.train=$DATA data.valid_fraction=0 training.max_steps=$STEPS training.micro_batch_size=8
         training.seq_length=128 training.threads=1 training.eval_every=0 training.log_every=1000
-        lr_scheduler.warmup_steps=0 lr_scheduler.name=constant lr_scheduler.min_lr=0 optimizer.lr=1e-4 logging.peak_tflops=1
-        distributed.zero_dp_strategy=no_shard)
+        lr_scheduler.warmup_steps=0 lr_scheduler.name=constant lr_scheduler.min_lr=0 optimizer.lr=1e-4 logging.peak_tflops=1)
 median() { python3 -c "import json,statistics,sys; t=[json.loads(l)['step_time_s'] for l in open(sys.argv[1])][5:]; print(f'{1000*statistics.median(t):.1f}')" "$1/metrics.jsonl"; }
 run_mfsdp() {  # name np extra...
   local name=$1 np=$2; shift 2
   "${MPIRUN[@]}" -np "$np" "$MFSDP" train "${common[@]}" run_dir=$W/$name "$@" > "$W/$name.log" 2>&1 || { cat "$W/$name.log" >&2; exit 1; }
   median "$W/$name"
 }
-run_torch() { "$PY" bench/pytorch_step.py --data "$DATA" --micro 8 --seq 128 --steps "$STEPS" --threads $THREADS "$@" | awk '{print $2}'; }
+run_torch() { "$PY" bench/pytorch_step.py --data "$DATA" --micro 8 --seq 128 --steps "$STEPS" "$@" 2> "$W/torch.err" | awk '{print $2}'
+              [ "${PIPESTATUS[0]}" = 0 ] || { cat "$W/torch.err" >&2; exit 1; }; }
+ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 
 rows=()
-THREADS=2
-m=$(run_mfsdp m1_t2 1 training.global_batch_size=8 training.threads=2)
-t=$(run_torch --procs 1)
-rows+=("| 1 process, 2 threads, fp32 | $m | $t | $(python3 -c "print(f'{$m/$t:.2f}')") |")
-tj=$(run_torch --procs 1 --jit "$W/gpt.pt")
-rows+=("| 1 process, 2 threads, fp32, PyTorch training the same TorchScript file | $m | $tj | $(python3 -c "print(f'{$m/$tj:.2f}')") |")
-THREADS=1
 # bf16 GEMMs are emulated on CPUs without AVX-512 BF16 or AMX (~70x slower than fp32 with the
 # wheel's MKL on an AVX2 machine): there the bf16 rows would measure the emulation, not the trainers.
 variants=(fp32)
 if grep -qE "avx512_bf16|amx_bf16" /proc/cpuinfo; then variants+=(bf16); else
   rows_note="bf16 rows left out: this CPU has neither AVX-512 BF16 nor AMX (bf16 matrix products are emulated)."; fi
-for variant in "${variants[@]}"; do
-  extra=(); textra=()
-  [ $variant = bf16 ] && extra=(model.compute_dtype=bf16 distributed.preserve_fp32_weights=true distributed.grad_reduce_in_fp32=true) && textra=(--bf16)
-  m1=$(run_mfsdp m1_$variant 1 training.global_batch_size=8 "${extra[@]}")
-  t1=$(run_torch --procs 1 "${textra[@]}")
-  m2=$(run_mfsdp m2_$variant 2 training.global_batch_size=16 "${extra[@]}")
-  t2=$(run_torch --procs 2 "${textra[@]}")
-  rows+=("| 1 process, 1 thread, $variant | $m1 | $t1 | $(python3 -c "print(f'{$m1/$t1:.2f}')") |")
-  rows+=("| 2 processes x 1 thread, $variant (mfsdp no_shard vs DDP gloo) | $m2 | $t2 | $(python3 -c "print(f'{$m2/$t2:.2f}')") |")
+row() {  # label mfsdp-ms torch-args...: one row, PyTorch eager and torch.compile of the same run
+  local label=$1 m=$2; shift 2
+  local te tc
+  te=$(run_torch "$@"); tc=$(run_torch "$@" --compile)
+  rows+=("| $label | $m | $te | $tc | $(ratio $m $te) | $(ratio $m $tc) |")
+}
+for arch in gpt llama; do
+  for variant in "${variants[@]}"; do
+    extra=(model.path=$W/$arch.pt); textra=(--arch $arch)
+    [ $variant = bf16 ] && extra+=(model.compute_dtype=bf16 distributed.preserve_fp32_weights=true distributed.grad_reduce_in_fp32=true) && textra+=(--bf16)
+    m=$(run_mfsdp ${arch}_1t_$variant 1 training.global_batch_size=8 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
+    row "$arch, 1 process x 1 thread, $variant" "$m" --threads 1 --procs 1 "${textra[@]}"
+    m=$(run_mfsdp ${arch}_2t_$variant 1 training.global_batch_size=8 training.threads=2 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
+    row "$arch, 1 process x 2 threads, $variant" "$m" --threads 2 --procs 1 "${textra[@]}"
+    m=$(run_mfsdp ${arch}_dp2_$variant 2 training.global_batch_size=16 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
+    row "$arch, 2 processes x 1 thread, $variant: mfsdp no_shard vs DDP (gloo)" "$m" --threads 1 --procs 2 "${textra[@]}"
+    m=$(run_mfsdp ${arch}_s3_$variant 4 training.global_batch_size=32 "${extra[@]}" distributed.zero_dp_strategy=optim_grads_params)
+    row "$arch, 4 processes x 1 thread, $variant: mfsdp optim_grads_params vs FSDP2 (gloo)" "$m" --threads 1 --procs 4 --fsdp "${textra[@]}"
+  done
 done
+m=$(run_mfsdp gpt_1t_file 1 training.global_batch_size=8 model.path=$W/gpt.pt distributed.zero_dp_strategy=no_shard)
+t=$(run_torch --threads 1 --procs 1 --jit "$W/gpt.pt")
+rows+=("| gpt, 1 process x 1 thread, fp32, PyTorch training the same TorchScript file | $m | $t | - | $(ratio $m $t) | - |")
 {
-  echo "# One training step: mfsdp vs PyTorch 2.11 eager (torch wheel in .venv), same machine, same run"
+  echo "# One training step: mfsdp vs PyTorch 2.11 eager and torch.compile (torch wheel in .venv), same machine, same run"
   echo
-  echo "GPT 4 layers x 256, 4 heads, vocab 264, seq 128, micro-batch 8 per process, AdamW, grad clipping 1.0,"
-  echo "KJV byte-level data, one thread per process unless the row says otherwise. Median of steps 6..$STEPS. PyTorch bf16 = autocast;"
-  echo "mfsdp bf16 = bf16 compute with fp32 main weights and fp32 gradient reduction."
-  echo "Written by bench/train_step.sh on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))."
+  echo "GPT and Llama, 4 layers x 256, 4 heads, vocab 264, seq 128, micro-batch 8 per process, AdamW, grad clipping 1.0,"
+  echo "KJV byte-level data. Median of steps 6..$STEPS. torch.compile: the model (forward and backward through Inductor),"
+  echo "the optimizer eager; compilation falls in the first steps, outside the median. PyTorch bf16 = autocast (FSDP2:"
+  echo "bf16 parameters, fp32 reduction); mfsdp bf16 = bf16 compute with fp32 main weights and fp32 gradient reduction."
+  echo "Written by bench/train_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))."
   echo
-  echo "| run | mfsdp ms/step | PyTorch ms/step | ratio mfsdp/PyTorch |"
-  echo "|---|---|---|---|"
+  echo "| run | mfsdp ms/step | PyTorch eager ms/step | torch.compile ms/step | mfsdp/eager | mfsdp/compile |"
+  echo "|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   [ -n "${rows_note:-}" ] && echo "$rows_note" && echo

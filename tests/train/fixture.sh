@@ -9,7 +9,11 @@ cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 /usr/
     /usr/share/common-licenses/MPL-2.0 > "$out/licenses.txt"
 "$bin" prepare-data -i "$out/licenses.txt" -o "$out/licenses" --split-lines
 here=$(cd "$(dirname "$0")/../.." && pwd)
-export_model() { "$PY" "$here/scripts/export_model.py" "$@"; }
+# The exports are independent: they run side by side (each pays Python's and torch's start-up,
+# most of this fixture's time), and every one must succeed.
+pids=()
+export_model() { "$PY" "$here/scripts/export_model.py" "$@" & pids+=($!); }
+py() { "$PY" "$@" & pids+=($!); }
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --out "$out/gpt.pt"
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --trace --out "$out/gpt_traced.pt"
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --untied --out "$out/gpt_untied.pt"
@@ -18,9 +22,9 @@ export_model --arch gpt --layers 1 --d-model 32 --heads 2 --vocab 200 --max-seq 
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --no-tp-plan --out "$out/gpt_noplan.pt"
 # A model written apart from export_model.py, following only the README contract; its TP plan is
 # in foreign.yaml (fused q/k/v with unequal GQA parts, a colwise_rep output head).
-"$PY" "$here/tests/train/foreign_model.py" "$out/foreign.pt"
-"$PY" "$here/tests/train/foreign_model.py" "$out/foreign_hf.pt" --hf  # body under `model`, head at the root
-"$PY" "$here/tests/train/foreign_model.py" "$out/foreign_buf.pt" --pos-buffer  # a 128 KiB buffer, + foreign_buf.safetensors
+py "$here/tests/train/foreign_model.py" "$out/foreign.pt"
+py "$here/tests/train/foreign_model.py" "$out/foreign_hf.pt" --hf  # body under `model`, head at the root
+py "$here/tests/train/foreign_model.py" "$out/foreign_buf.pt" --pos-buffer  # a 128 KiB buffer, + foreign_buf.safetensors
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
@@ -29,7 +33,8 @@ export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 
 # Residual dropout: activation checkpointing must replay the same masks in its recompute.
 export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --dropout 0.1 --out "$out/gpt_dropout.pt"
 # No repeated sibling modules: no FSDP unit is found.
-"$PY" "$here/tests/train/no_units_model.py" "$out/no_units.pt"
+py "$here/tests/train/no_units_model.py" "$out/no_units.pt"
+for p in "${pids[@]}"; do wait "$p"; done  # set -e: a failed export fails the fixture
 experiment="# The parity tests' experiment: 20 steps, fp32, global batch 16 in micro-batches of 2.
 run_dir: $out/run
 data: {train: $out/licenses, valid_fraction: 0.05}
