@@ -82,6 +82,7 @@ struct Bucket {
   int64_t dbuf_offset = 0;  // element offset in the double buffer of its unit
   WorkHandle gather;      // all-gather in flight (strategy 3 gather, or post-step gather of 1-2)
   bool gathered = false;  // strategy 3: the full buffer holds (or is receiving) the weights
+  at::Tensor norm;        // tp 1: ||grad_shard||, taken in finish_grad_sync as its reduction finished
 };
 
 class FsdpEngine final : public ParallelEngine, public UnitHooks {
@@ -138,6 +139,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
 
   // ---------------------------------------------------------------------------- step protocol
   void start_step() override {
+    norms_ready_ = false;
     for (auto& b : buckets_) {
       if (b.frozen) continue;
       if (strategy_ <= 1) b.grad_full.zero_();
@@ -211,9 +213,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         if (!b.reduced_this_micro && b.grad_full.defined()) launch_reduce(b);
   }
 
+  // Without TP a bucket's gradients are final once its own reductions are in: it is scaled and its
+  // norm taken right there, while the later buckets' reductions are still in flight on the
+  // progress thread (or the GPU's stream), so grad_norm() has only the partial sums left to add.
+  // With TP the sequence-parallel sum over tp comes after every bucket, and the norm after it.
   void finish_grad_sync(double scale) override {
     for (auto& b : buckets_)
       if (!b.frozen && !b.reduced_this_micro && (strategy_ <= 1 || b.grad_full.defined())) launch_reduce(b);
+    const bool early = tp_.size() == 1;
     for (auto& b : buckets_) {
       if (b.frozen) continue;
       for (auto& pr : b.reduces) {
@@ -226,9 +233,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       b.reduces.clear();
       if (strategy_ >= 1 && replicate_.size() > 1)  // HSDP: shards agree across replicas
         replicate_.all_reduce(b.grad_shard, d_.average_in_collective ? ReduceOp::kAvg : ReduceOp::kSum);
+      if (early) {
+        if (scale != 1.0) b.grad_shard.mul_(scale);
+        b.norm = b.grad_shard.norm();
+      }
     }
+    norms_ready_ = early;
     sum_sequence_parallel_grads();
-    if (scale != 1.0)
+    if (scale != 1.0 && !early)
       for (auto& b : buckets_)
         if (!b.frozen) b.grad_shard.mul_(scale);
     if (strategy_ == 3)
@@ -247,7 +259,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     if (tp_.size() == 1) {
       std::vector<at::Tensor> n;
       for (auto& b : buckets_)
-        if (!b.frozen) n.push_back(b.grad_shard.norm());
+        if (!b.frozen) n.push_back(norms_ready_ ? b.norm : b.grad_shard.norm());
       if (!n.empty()) replicated_sq = at::stack(n).to(at::kDouble).pow(2).sum().reshape({1});
     } else {
       std::vector<at::Tensor> split, replicated;
@@ -770,6 +782,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   at::Tensor double_buffer_[2];
   bool last_micro_ = true;
+  bool norms_ready_ = false;  // finish_grad_sync took every bucket's norm (tp 1); start_step clears it
   int checkpointed_calls_ = 0;
   int recomputing_ = -1;          // the unit whose forward is being recomputed in backward, else -1
   int64_t gathers_issued_ = 0;    // strategy 3 unit gathers since start (metrics: gathers per step)
