@@ -38,7 +38,7 @@ Runner add_bench_comm(CLI::App& cmd) {
                                     : load_config_file(args->file, args->overrides);
     MeshShape shape = resolve_mesh_shape(cfg, MpiEnv::world_size());
     DeviceMesh mesh(shape, MpiEnv::world_rank());
-    const bool gpu = nccl_available() && at::hasCUDA();
+    const bool gpu = nccl_available() && cuda_usable();  // loads the CUDA plugin where the driver sees a GPU
     if (*backend == "nccl" && !gpu)
       throw UserError(nccl_available() ? "bench-comm --backend nccl: no GPU is visible on this node"
                                        : "bench-comm --backend nccl: this build has no NCCL backend (CPU-only LibTorch)");

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "comm/communicator.h"
+#include "device/device.h"
 #include "config/config.h"
 #include "mesh/device_mesh.h"
 #include "model/model.h"
@@ -96,7 +97,10 @@ Runner add_validate(CLI::App& cmd) {
   cmd.add_option("-n,--world-size", *world, "World size to lay the mesh out for (default: the launcher's, else 1)")
       ->check(CLI::PositiveNumber);
   cmd.add_flag("-q,--quiet", *quiet, "Print only the verdict line");
-  return [args, world, quiet]() {
+  auto check_cuda = std::make_shared<bool>(false);
+  cmd.add_flag("--check-cuda", *check_cuda,
+               "Load the CUDA plugin (libmfsdp_cuda.so) even without a GPU and report it; an error if it cannot be loaded");
+  return [args, world, quiet, check_cuda]() {
     Config cfg = args->file.empty() ? load_config_string(embedded_default_config(), "<embedded default>", args->overrides)
                                     : load_config_file(args->file, args->overrides);
     const int n = *world > 0 ? *world : launcher_world_size();
@@ -110,11 +114,17 @@ Runner add_validate(CLI::App& cmd) {
                   (long long)shape.dp(), (long long)accum,
                   (long long)(cfg.training.global_batch_size * cfg.training.seq_length));
       std::printf("backend: %s\n", nccl_available() ? "NCCL on GPUs when present, MPI on CPU" : "MPI (CPU); NCCL not built");
+      std::printf("cuda plugin: %s\n", cuda_plugin_status(*check_cuda).c_str());
       print_parameter_layout(cfg, shape);
     } else if (std::filesystem::exists(cfg.model.path)) {
       Model model = Model::load(cfg.model.path, true);
       model.find_units(cfg.distributed.megatron_fsdp_unit_modules, cfg.where("distributed.megatron_fsdp_unit_modules"));
       plan_tensor_parallel(model, cfg, shape.tp);  // the plan's errors, without the table
+    }
+    if (*check_cuda) {
+      const std::string st = cuda_plugin_status(true);
+      if (st.rfind("loaded from ", 0) != 0) throw UserError("--check-cuda: the CUDA plugin is " + st);
+      if (*quiet) std::printf("cuda plugin: %s\n", st.c_str());
     }
     std::printf("config OK: %s at world size %d (dp_replicate %lld x dp_shard %lld x cp %lld x tp %lld), "
                 "zero_dp_strategy %s\n",

@@ -62,7 +62,7 @@ BenchCommRow bench_one(Communicator& comm, const std::string& op, int64_t bytes,
   row.bytes = (split ? row.count * n : row.count) * elem;
   const int64_t c = row.count;
 
-  const auto dev = o.cuda ? at::Device(at::kCUDA, MpiEnv::local_rank() % std::max<int>(1, at::getNumGPUs()))
+  const auto dev = o.cuda ? at::Device(at::kCUDA, MpiEnv::local_rank() % std::max<int>(1, cuda_device_count()))
                           : at::Device(at::kCPU);
   const auto opts = at::TensorOptions().dtype(dt).device(dev);
   at::Tensor small = at::empty({c}, opts), big = at::empty({c * n}, opts), buf = at::empty({c}, opts);

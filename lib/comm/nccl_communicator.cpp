@@ -1,5 +1,5 @@
-// The NCCL backend (CUDA tensors). Compiled when the LibTorch found has CUDA (the torch wheel
-// does); see the top-level CMakeLists.txt.
+// The NCCL backend (CUDA tensors). Compiled into the CUDA plugin when the LibTorch found has CUDA
+// (the torch wheel does); see the top-level CMakeLists.txt and device/cuda_plugin.h.
 //
 // Each communicator owns two lanes (communicator + CUDA stream from torch's pool; see Lane). A
 // collective first orders its lane's stream
@@ -20,6 +20,7 @@
 #include <nccl.h>
 
 #include "comm/communicator.h"
+#include "device/cuda_plugin.h"
 #include "comm/flight_recorder.h"
 #include "comm/mpi_env.h"
 
@@ -265,9 +266,8 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-bool nccl_available() { return true; }
-
-std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name, int rank, int size,
+// The plugin's side of communicator.h (cuda_plugin.h: why these are not the same names).
+std::unique_ptr<Communicator> cuda_plugin::make_nccl_communicator(MPI_Comm comm, std::string name, int rank, int size,
                                                      std::vector<int> world_ranks) {
   // Only the world is bootstrapped through MPI; every other group is split from a world.
   if (comm != MPI_COMM_WORLD) MPI_Comm_free(&comm);
@@ -276,9 +276,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string 
   return std::make_unique<NcclCommunicator>(std::move(name));
 }
 
-std::unique_ptr<Communicator> make_nccl_world(std::string name) { return std::make_unique<NcclCommunicator>(std::move(name)); }
+std::unique_ptr<Communicator> cuda_plugin::make_nccl_world(std::string name) { return std::make_unique<NcclCommunicator>(std::move(name)); }
 
-std::unique_ptr<Communicator> make_nccl_split(Communicator& world, int color, int key, std::string name,
+std::unique_ptr<Communicator> cuda_plugin::make_nccl_split(Communicator& world, int color, int key, std::string name,
                                               std::vector<int> members) {
   auto* parent = dynamic_cast<NcclCommunicator*>(&world);
   if (!parent) throw std::logic_error(name + ": make_nccl_split needs an NCCL parent communicator");

@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "comm/communicator.h"
+#include "device/cuda_plugin.h"
 #include "comm/progress_thread.h"
 
 namespace mfsdp {
@@ -125,7 +126,7 @@ class StagedCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_staged_communicator(Communicator& host) {
+std::unique_ptr<Communicator> cuda_plugin::make_staged_communicator(Communicator& host) {
   return std::make_unique<StagedCommunicator>(host);
 }
 

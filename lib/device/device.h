@@ -1,7 +1,8 @@
 // Where a rank computes: the CPU, or one GPU chosen from its local rank (DESIGN.md section 11).
 // Everything CUDA-specific that is not a collective lives behind this header: the current device,
 // synchronisation, the caching allocator's statistics, the device's name. device_cuda.cpp
-// implements it with the CUDA runtime; device_cpu.cpp for LibTorch builds without CUDA.
+// implements it with the CUDA runtime inside the CUDA plugin, which cuda_loader.cpp loads when a
+// run needs a GPU; device_cpu.cpp for LibTorch builds without CUDA.
 #pragma once
 #include <c10/core/Device.h>
 
@@ -31,5 +32,9 @@ void reset_device_peak(c10::Device d);
 
 // "cpu", or "cuda:0 NVIDIA H200 (sm_90, 139.8 GiB)".
 std::string describe_device(c10::Device d);
+// The CUDA plugin (cuda_plugin.h): "loaded from PATH; N GPU(s) visible", why it is not loaded or
+// cannot be, or that this build has none. `load`: load it even where the driver sees no GPU (a
+// check that the plugin and this executable fit together).
+std::string cuda_plugin_status(bool load);
 
 }  // namespace mfsdp

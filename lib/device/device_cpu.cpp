@@ -19,5 +19,6 @@ void synchronize(c10::Device) {}
 DeviceMemory device_memory(c10::Device) { return {}; }
 void reset_device_peak(c10::Device) {}
 std::string describe_device(c10::Device) { return "cpu"; }
+std::string cuda_plugin_status(bool) { return "none in this build (its LibTorch has no CUDA)"; }
 
 }  // namespace mfsdp

@@ -1,25 +1,24 @@
-// device.h with the CUDA runtime and c10's CUDA allocator (builds against a CUDA LibTorch).
+// device.h with the CUDA runtime and c10's CUDA allocator: the CUDA plugin's side of it (cuda_plugin.h;
+// cuda_loader.cpp forwards to these once a run needs a GPU).
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
-#include "device/device.h"
+#include "device/cuda_plugin.h"
 #include "util/error.h"
 
 namespace mfsdp {
 
-int cuda_device_count() {
+int cuda_plugin::device_count() {
   // c10's count never throws: no driver, or no device, is 0.
   return int(c10::cuda::device_count());
 }
 
-bool cuda_usable() { return cuda_device_count() > 0; }
-
-c10::Device select_device(const std::string& want, int local_rank, const std::string& where) {
+c10::Device cuda_plugin::select_device(const std::string& want, int local_rank, const std::string& where) {
   if (want == "cpu") return c10::Device(c10::kCPU);
-  const int n = cuda_device_count();
+  const int n = device_count();
   if (n == 0) {
     if (want == "auto") return c10::Device(c10::kCPU);
     throw ConfigError(where + ": training.device is cuda but this node has no usable GPU (the CUDA driver found none" +
@@ -35,12 +34,12 @@ c10::Device select_device(const std::string& want, int local_rank, const std::st
   return c10::Device(c10::kCUDA, index);
 }
 
-void synchronize(c10::Device d) {
+void cuda_plugin::synchronize(c10::Device d) {
   if (!d.is_cuda()) return;
   c10::cuda::device_synchronize();
 }
 
-DeviceMemory device_memory(c10::Device d) {
+DeviceMemory cuda_plugin::device_memory(c10::Device d) {
   if (!d.is_cuda()) return {};
   const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
   const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
@@ -48,11 +47,11 @@ DeviceMemory device_memory(c10::Device d) {
           st.reserved_bytes[agg].peak};
 }
 
-void reset_device_peak(c10::Device d) {
+void cuda_plugin::reset_device_peak(c10::Device d) {
   if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());
 }
 
-std::string describe_device(c10::Device d) {
+std::string cuda_plugin::describe_device(c10::Device d) {
   if (!d.is_cuda()) return "cpu";
   cudaDeviceProp p{};
   if (cudaGetDeviceProperties(&p, d.index()) != cudaSuccess) return d.str();

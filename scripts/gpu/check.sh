@@ -45,7 +45,8 @@ mpirun --version 2>&1 | head -1
 
 stamp "binary"
 bin=$bundle/bin/mfsdp
-if ! "$bin" validate -n 1 >/dev/null 2>"$res/.bin_err"; then
+# --check-cuda: the executable and its CUDA plugin (bin/libmfsdp_cuda.so) load together here.
+if ! "$bin" validate -n 1 --check-cuda -q >/dev/null 2>"$res/.bin_err"; then
   echo "the mfsdp built on the CPU machine does not run here: $(head -3 "$res/.bin_err")"
   echo "building here against $torch_dir"
   nvcc_bin=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
@@ -55,14 +56,14 @@ if ! "$bin" validate -n 1 >/dev/null 2>"$res/.bin_err"; then
       -Dnlohmann_json_DIR="$root/share/cmake/nlohmann_json" -DMPI_C_COMPILER="$root/bin/mpicc" \
       -DMFSDP_PYTHON="$PY" -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
       -DPKG_CONFIG_EXECUTABLE="$root/bin/pkgconf" > "$res/.cmake.log" 2>&1 &&
-    timeout 300 ninja -C "$here/build-gpu" -j "$(nproc)" mfsdp > "$res/.ninja.log" 2>&1
+    timeout 300 ninja -C "$here/build-gpu" -j "$(nproc)" mfsdp_cli > "$res/.ninja.log" 2>&1
   rc=$?
   tail -20 "$res/.cmake.log" "$res/.ninja.log"
   [ $rc -eq 0 ] || { stamp "build failed (rc $rc)"; exit 1; }
   bin=$here/build-gpu/bin/mfsdp
 fi
 rm -f "$res"/.bin_err "$res"/.cmake.log "$res"/.ninja.log
-"$bin" validate -n 1 training.device=cuda | tail -1
+"$bin" validate -n 1 --check-cuda -q training.device=cuda | tail -2
 stamp "mfsdp: $bin"
 
 stamp "GPU tests"

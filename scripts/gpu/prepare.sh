@@ -5,7 +5,7 @@
 #   gpu_bundle/root/   Open MPI, yaml-cpp, CLI11, nlohmann-json, PCRE2, utf8proc, zstd, SentencePiece,
 #                      pkgconf (and their runtime libraries) as
 #                      files: the .deb packages unpacked with dpkg -x, docs and man pages dropped;
-#   gpu_bundle/bin/    the mfsdp built here against torch 2.11.0+cu130 (same LibTorch ABI as the
+#   gpu_bundle/bin/    the mfsdp built here (and its CUDA plugin libmfsdp_cuda.so) against torch 2.11.0+cu130 (same LibTorch ABI as the
 #                      GPU machine's wheel, so it may run there as is; check.sh tries it first and
 #                      builds there when it does not).
 # Then run the check with the device tool, carrying the bundle:
@@ -41,6 +41,8 @@ for pc in "$out.tmp"/root/usr/share/pkgconfig/*.pc; do
   [ -e "$pc" ] && sed -i 's|^prefix=/usr$|prefix=${pcfiledir}/../..|' "$pc"
 done
 strip --strip-debug -o "$out.tmp/bin/mfsdp" "$build/bin/mfsdp"
+# The CUDA plugin the executable loads on a GPU (lib/device/cuda_loader.cpp: found beside it).
+[ -e "$build/bin/libmfsdp_cuda.so" ] && strip --strip-debug -o "$out.tmp/bin/libmfsdp_cuda.so" "$build/bin/libmfsdp_cuda.so"
 git -C "$here" rev-parse HEAD > "$out.tmp/commit"
 rm -rf "$out"
 mv "$out.tmp" "$out"
