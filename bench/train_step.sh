@@ -69,7 +69,7 @@ rows+=("| gpt, 1 process x 1 thread, fp32, PyTorch training the same TorchScript
   echo "KJV byte-level data. Median of steps 6..$STEPS. torch.compile: the model (forward and backward through Inductor),"
   echo "the optimizer eager; compilation falls in the first steps, outside the median. PyTorch bf16 = autocast (FSDP2:"
   echo "bf16 parameters, fp32 reduction); mfsdp bf16 = bf16 compute with fp32 main weights and fp32 gradient reduction."
-  echo "Written by bench/train_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))."
+  echo "Written by bench/train_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), mfsdp of commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- lib apps || echo ' with uncommitted changes')."
   echo
   echo "| run | mfsdp ms/step | PyTorch eager ms/step | torch.compile ms/step | mfsdp/eager | mfsdp/compile |"
   echo "|---|---|---|---|---|---|"

@@ -131,6 +131,30 @@ TEST_CASE("async collectives: several in flight, completed by wait in any order"
   CHECK(bar->is_completed());
 }
 
+TEST_CASE("collectives of different groups progress concurrently: issue order may differ across groups") {
+  // MPI orders collectives per communicator only. Rank 0 issues A's all-reduce first, every other
+  // rank B's first: a progress thread that finished one collective before starting the next would
+  // wait for A on rank 0 while rank 1 waits for B, forever (CTest's time limit ends that).
+  auto a = test::world("a");
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  auto b = make_communicator(Backend::kMpi, dup, "b");
+  const int n = a->size(), r = a->rank();
+  auto ta = at::full({1 << 16}, float(r + 1), at::kFloat), tb = at::full({1 << 16}, float(2 * (r + 1)), at::kFloat);
+  WorkHandle wa, wb;
+  if (r == 0) {
+    wa = a->all_reduce_async(ta, ReduceOp::kSum);
+    wb = b->all_reduce_async(tb, ReduceOp::kSum);
+  } else {
+    wb = b->all_reduce_async(tb, ReduceOp::kSum);
+    wa = a->all_reduce_async(ta, ReduceOp::kSum);
+  }
+  wb->wait();
+  wa->wait();
+  CHECK(ta[0].item<float>() == float(n * (n + 1) / 2));
+  CHECK(tb[(1 << 16) - 1].item<float>() == float(n * (n + 1)));
+}
+
 TEST_CASE("bad arguments are rejected with the communicator's name") {
   auto c = test::world("world");
   auto big = at::zeros({3 * c->size() + 1}, at::kFloat);

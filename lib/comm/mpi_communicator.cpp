@@ -99,11 +99,10 @@ class MpiCommunicator final : public Communicator {
     int n = static_cast<int>(in.numel());
     // Gathering in place (the input is this rank's slice of the output) is MPI_IN_PLACE.
     bool in_place = in.data_ptr() == static_cast<char*>(out.data_ptr()) + size_t(rank()) * in.nbytes();
-    return submit("all_gather", out.numel(), in.scalar_type(), [=] {
-      MPI_Request req;
-      check(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_, &req),
+    return submit("all_gather", out.numel(), in.scalar_type(), [=](std::vector<MPI_Request>& reqs) {
+      check(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm_,
+                           &reqs.emplace_back()),
             "MPI_Iallgather");
-      wait_mpi_request(req, "all_gather");
     });
   }
 
@@ -118,13 +117,10 @@ class MpiCommunicator final : public Communicator {
     auto mop = mpi_op(op, in.scalar_type());
     int n = static_cast<int>(out.numel());
     int world = size();
-    return submit("reduce_scatter", in.numel(), in.scalar_type(), [=] {
-      MPI_Request req;
-      check(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, dt, mop, comm_, &req),
+    return submit("reduce_scatter", in.numel(), in.scalar_type(), [=](std::vector<MPI_Request>& reqs) {
+      check(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, dt, mop, comm_, &reqs.emplace_back()),
             "MPI_Ireduce_scatter_block");
-      wait_mpi_request(req, "reduce_scatter");
-      if (op == ReduceOp::kAvg) finish_avg(out, world);
-    });
+    }, [=] { if (op == ReduceOp::kAvg) finish_avg(out, world); });
   }
 
   WorkHandle all_reduce_async(const at::Tensor& t, ReduceOp op) override {
@@ -135,12 +131,9 @@ class MpiCommunicator final : public Communicator {
     auto mop = mpi_op(op, t.scalar_type());
     int n = static_cast<int>(t.numel());
     int world = size();
-    return submit("all_reduce", t.numel(), t.scalar_type(), [=] {
-      MPI_Request req;
-      check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, dt, mop, comm_, &req), "MPI_Iallreduce");
-      wait_mpi_request(req, "all_reduce");
-      if (op == ReduceOp::kAvg) finish_avg(t, world);
-    });
+    return submit("all_reduce", t.numel(), t.scalar_type(), [=](std::vector<MPI_Request>& reqs) {
+      check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, dt, mop, comm_, &reqs.emplace_back()), "MPI_Iallreduce");
+    }, [=] { if (op == ReduceOp::kAvg) finish_avg(t, world); });
   }
 
   WorkHandle broadcast_async(const at::Tensor& t, int root) override {
@@ -152,10 +145,8 @@ class MpiCommunicator final : public Communicator {
     if (size() == 1 || t.numel() == 0) return done();
     auto dt = mpi_type(t.scalar_type());
     int n = static_cast<int>(t.numel());
-    return submit("broadcast", t.numel(), t.scalar_type(), [=] {
-      MPI_Request req;
-      check(MPI_Ibcast(t.data_ptr(), n, dt, root, comm_, &req), "MPI_Ibcast");
-      wait_mpi_request(req, "broadcast");
+    return submit("broadcast", t.numel(), t.scalar_type(), [=](std::vector<MPI_Request>& reqs) {
+      check(MPI_Ibcast(t.data_ptr(), n, dt, root, comm_, &reqs.emplace_back()), "MPI_Ibcast");
     });
   }
 
@@ -175,41 +166,35 @@ class MpiCommunicator final : public Communicator {
     }
     auto dt = mpi_type(send.scalar_type());
     int ns = static_cast<int>(send.numel()), nr = static_cast<int>(recv.numel());
-    return submit("send_recv", send.numel(), send.scalar_type(), [=] {
+    return submit("send_recv", send.numel(), send.scalar_type(), [=](std::vector<MPI_Request>& reqs) {
       constexpr int kTag = 7301;
-      MPI_Request reqs[2];
-      check(MPI_Irecv(recv.data_ptr(), nr, dt, src, kTag, comm_, &reqs[0]), "MPI_Irecv");
-      check(MPI_Isend(send.data_ptr(), ns, dt, dst, kTag, comm_, &reqs[1]), "MPI_Isend");
-      wait_mpi_request(reqs[0], "send_recv (receive)");
-      wait_mpi_request(reqs[1], "send_recv (send)");
+      check(MPI_Irecv(recv.data_ptr(), nr, dt, src, kTag, comm_, &reqs.emplace_back()), "MPI_Irecv");
+      check(MPI_Isend(send.data_ptr(), ns, dt, dst, kTag, comm_, &reqs.emplace_back()), "MPI_Isend");
     });
   }
 
   WorkHandle barrier_async() override {
     if (size() == 1) return done();
-    return submit("barrier", 0, at::kByte, [=] {
-      MPI_Request req;
-      check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
-      wait_mpi_request(req, "barrier");
+    return submit("barrier", 0, at::kByte, [=](std::vector<MPI_Request>& reqs) {
+      check(MPI_Ibarrier(comm_, &reqs.emplace_back()), "MPI_Ibarrier");
     });
   }
 
  private:
   static WorkHandle done() { return std::make_shared<CompletedWork>(); }
-  // The lambda holds copies of the tensors, so their storage lives until the collective is done.
-  // Every collective goes into the flight recorder with this group's next sequence number.
-  WorkHandle submit(const char* op, int64_t numel, at::ScalarType dtype, std::function<void()> fn) {
+  // `start` issues the nonblocking calls on the progress thread; `after` runs there once they
+  // completed. The lambdas hold copies of the tensors, so their storage lives as long as the work.
+  // Every collective goes into the flight recorder with this group's next sequence number, ended
+  // when it completes or fails.
+  WorkHandle submit(const char* op, int64_t numel, at::ScalarType dtype, QueuedWork::Start start,
+                    std::function<void()> after = {}) {
     auto& rec = FlightRecorder::instance();
     const uint64_t h = rec.begin(op, name(), world_ranks(), ++seq_, numel, c10::toString(dtype));
-    return ProgressThread::instance().submit([fn = std::move(fn), h, &rec] {
-      try {
-        fn();
-      } catch (...) {
-        rec.end(h);
-        throw;
-      }
-      rec.end(h);
-    });
+    return ProgressThread::instance().submit_mpi(
+        op, std::move(start), [after = std::move(after), h, &rec](bool ok) {
+          rec.end(h);
+          if (ok && after) after();
+        });
   }
   void check(int rc, const char* call) const {
     if (rc == MPI_SUCCESS) return;

@@ -6,12 +6,13 @@
 
 namespace mfsdp {
 
-void QueuedWork::execute() {
-  std::exception_ptr err;
-  try {
-    run_();
-  } catch (...) {
-    err = std::current_exception();
+void QueuedWork::complete(std::exception_ptr err) {
+  if (finish_) {
+    try {
+      finish_(!err);
+    } catch (...) {
+      err = std::current_exception();
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   error_ = err;
@@ -57,6 +58,17 @@ ProgressThread::~ProgressThread() {
   if (thread_.joinable()) thread_.join();
 }
 
+WorkHandle ProgressThread::submit_mpi(const char* what, QueuedWork::Start start, QueuedWork::Finish finish) {
+  auto work = std::make_shared<QueuedWork>(what, std::move(start), std::move(finish));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) throw std::runtime_error("communication thread is shut down");
+    queue_.push_back(work);
+  }
+  cv_.notify_one();
+  return work;
+}
+
 WorkHandle ProgressThread::submit(std::function<void()> run) {
   auto work = std::make_shared<QueuedWork>(std::move(run));
   {
@@ -68,34 +80,78 @@ WorkHandle ProgressThread::submit(std::function<void()> run) {
   return work;
 }
 
-void ProgressThread::loop() {
-  while (true) {
-    std::shared_ptr<QueuedWork> work;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_ and drained
-      work = queue_.front();
-      queue_.pop_front();
+bool ProgressThread::poll(std::vector<std::shared_ptr<QueuedWork>>& started) {
+  bool any = false;
+  for (auto it = started.begin(); it != started.end();) {
+    QueuedWork& w = **it;
+    bool all = true;
+    std::exception_ptr err;
+    for (auto& req : w.requests_) {  // a completed request is MPI_REQUEST_NULL: done at once
+      int done = 0;
+      const int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        err = std::make_exception_ptr(std::runtime_error(std::string(w.what_) + " failed: " + std::string(msg, len)));
+        break;
+      }
+      if (!done) {
+        all = false;
+        break;
+      }
     }
-    work->execute();
+    if (!err && !all) {
+      ++it;
+      continue;
+    }
+    w.complete(err);
+    it = started.erase(it);
+    any = true;
   }
+  return any;
 }
 
-void wait_mpi_request(MPI_Request& req, const char* what) {
-  int done = 0;
-  int polls = 0;
+void ProgressThread::loop() {
+  std::vector<std::shared_ptr<QueuedWork>> started;  // MPI calls in flight, oldest first
+  std::deque<std::shared_ptr<QueuedWork>> batch;
+  int idle_polls = 0;
   auto sleep_us = std::chrono::microseconds(1);
   while (true) {
-    int rc = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      char msg[MPI_MAX_ERROR_STRING];
-      int len = 0;
-      MPI_Error_string(rc, msg, &len);
-      throw std::runtime_error(std::string(what) + " failed: " + std::string(msg, len));
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (started.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty() && started.empty()) return;  // stop_ and drained
+      batch.swap(queue_);
     }
-    if (done) return;
-    if (++polls < 64) continue;
+    for (auto& w : batch) {
+      if (w->run_) {
+        std::exception_ptr err;
+        try {
+          w->run_();
+        } catch (...) {
+          err = std::current_exception();
+        }
+        w->complete(err);
+        continue;
+      }
+      try {
+        w->start_(w->requests_);
+        started.push_back(w);
+      } catch (...) {
+        // Requests it started before failing are left to MPI: the error ends the job (the
+        // watchdog and the error path abort it).
+        w->complete(std::current_exception());
+      }
+    }
+    const bool fresh = !batch.empty();
+    batch.clear();
+    if (poll(started) || fresh) {
+      idle_polls = 0;
+      sleep_us = std::chrono::microseconds(1);
+      continue;
+    }
+    if (started.empty() || ++idle_polls < 64) continue;
     std::this_thread::sleep_for(sleep_us);
     if (sleep_us < std::chrono::microseconds(50)) sleep_us *= 2;
   }

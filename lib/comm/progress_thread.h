@@ -1,8 +1,13 @@
 // The MPI communication thread. Open MPI's nonblocking collectives advance only while some thread
 // is inside an MPI call, so "start it and compute" overlaps nothing on its own. One thread per
-// process takes collectives in the order they were issued, starts each as a nonblocking MPI call
-// and polls it to completion while the main thread computes. Polling backs off to short sleeps so
-// that, on machines with as many ranks as cores, the poller does not steal the compute thread's core.
+// process takes collectives in the order they were issued and starts each as a nonblocking MPI
+// call at once, then polls every started one until it completes, while the main thread computes.
+// So collectives progress concurrently -- the next unit's all-gather beside the previous unit's
+// reduce-scatter, a TP all-reduce beside a data-parallel reduction -- instead of one queue behind
+// the oldest. MPI's rule is kept: on each communicator, every rank starts its collectives in the
+// same order (the order of issue); they may complete in any order. Polling backs off to short
+// sleeps so that, on machines with as many ranks as cores, the poller does not steal the compute
+// thread's core.
 #pragma once
 #include <mpi.h>
 
@@ -13,22 +18,34 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/communicator.h"
 
 namespace mfsdp {
 
-// A collective handed to the progress thread.
+// A collective handed to the progress thread: either nonblocking MPI calls (`start` appends the
+// requests it started; `finish(true)` runs once all completed, e.g. the division of an average,
+// `finish(false)` after a failure, where it must not throw), or a function run to its end at its
+// turn (`run`: the staged backend's wait for a device copy).
 class QueuedWork : public Work {
  public:
+  using Start = std::function<void(std::vector<MPI_Request>&)>;
+  using Finish = std::function<void(bool ok)>;
+  QueuedWork(const char* what, Start start, Finish finish)
+      : what_(what), start_(std::move(start)), finish_(std::move(finish)) {}
   explicit QueuedWork(std::function<void()> run) : run_(std::move(run)) {}
   void wait() override;
   bool is_completed() override;
 
  private:
   friend class ProgressThread;
-  void execute();  // on the progress thread
+  void complete(std::exception_ptr err);  // on the progress thread
+  const char* what_ = "";
+  Start start_;
+  Finish finish_;
   std::function<void()> run_;
+  std::vector<MPI_Request> requests_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -47,21 +64,22 @@ class ProgressThread {
   static ProgressThread& instance();
   // Joins the thread after finishing queued work; called before MPI_Finalize.
   static void shutdown();
+  // Nonblocking MPI calls, started in submission order; `finish` runs after their completion.
+  WorkHandle submit_mpi(const char* what, QueuedWork::Start start, QueuedWork::Finish finish = {});
+  // A function run to its end at its turn (the works submitted before it are started, not waited for).
   WorkHandle submit(std::function<void()> run);
   ~ProgressThread();
 
  private:
   ProgressThread();
   void loop();
+  // Tests every request of every started work once; completes the finished ones. True if any did.
+  bool poll(std::vector<std::shared_ptr<QueuedWork>>& started);
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<QueuedWork>> queue_;
   bool stop_ = false;
   std::thread thread_;
 };
-
-// Polls `req` until it completes, spinning briefly and then sleeping in growing steps (<= 50 us).
-// Throws with `what` on an MPI error.
-void wait_mpi_request(MPI_Request& req, const char* what);
 
 }  // namespace mfsdp
