@@ -65,7 +65,7 @@ fi
   echo "thread per rank, fp32 unless stated. Median of steps 6..$STEPS. Memory is rank 0's at step 2 in MiB:"
   echo "weights, separate main weights, main gradients, optimizer state, the most the FSDP engine held during"
   echo "the step (persistent + gathered weights + gradients in flight + optimizer state), and the process's"
-  echo "peak RSS (includes LibTorch, ~390 MiB with the CUDA wheel's libraries, and activations)."
+  echo "peak RSS (includes LibTorch, MPI and the data, ~250 MiB since CPU ranks stopped loading the CUDA libraries, and activations)."
   echo "Written by bench/fsdp_strategies.sh on $(date -u +%Y-%m-%d), $(nproc) cores: 4 ranks oversubscribe"
   echo "them, so compare step-time ratios within a world size, not across."
   echo
