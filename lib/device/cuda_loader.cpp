@@ -101,6 +101,13 @@ const CudaPluginApi& plugin(const std::string& why) {
 
 }  // namespace
 
+void throw_no_usable_gpu(const std::string& where) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  throw ConfigError(where + ": training.device is cuda but this node has no usable GPU (the CUDA driver found none" +
+                    (visible ? std::string(", CUDA_VISIBLE_DEVICES=") + visible : std::string()) +
+                    "); set training.device: cpu or auto");
+}
+
 std::string cuda_plugin_status(bool load) {
   const int gpus = driver_device_count();
   if (!load && gpus == 0) return "not loaded (the CUDA driver sees no GPU)";
@@ -120,11 +127,7 @@ c10::Device select_device(const std::string& want, int local_rank, const std::st
   if (want == "cpu") return c10::Device(c10::kCPU);
   if (driver_device_count() == 0) {
     if (want == "auto") return c10::Device(c10::kCPU);
-    throw ConfigError(where + ": training.device is cuda but this node has no usable GPU (the CUDA driver found none" +
-                      (std::getenv("CUDA_VISIBLE_DEVICES")
-                           ? std::string(", CUDA_VISIBLE_DEVICES=") + std::getenv("CUDA_VISIBLE_DEVICES")
-                           : std::string()) +
-                      "); set training.device: cpu or auto");
+    throw_no_usable_gpu(where);
   }
   return plugin(where + ": training.device " + want).select_device(want, local_rank, where);
 }

@@ -41,6 +41,10 @@ struct CudaPluginApi {
   std::unique_ptr<Communicator> (*make_staged_communicator)(Communicator& host);
 };
 
+// training.device cuda on a node without a usable GPU: the ConfigError naming `where`. Defined by
+// the executable (cuda_loader.cpp), called by both sides.
+[[noreturn]] void throw_no_usable_gpu(const std::string& where);
+
 namespace cuda_plugin {
 int device_count();
 c10::Device select_device(const std::string& want, int local_rank, const std::string& where);

@@ -21,11 +21,7 @@ c10::Device cuda_plugin::select_device(const std::string& want, int local_rank, 
   const int n = device_count();
   if (n == 0) {
     if (want == "auto") return c10::Device(c10::kCPU);
-    throw ConfigError(where + ": training.device is cuda but this node has no usable GPU (the CUDA driver found none" +
-                      (std::getenv("CUDA_VISIBLE_DEVICES") ? std::string(", CUDA_VISIBLE_DEVICES=") +
-                                                                 std::getenv("CUDA_VISIBLE_DEVICES")
-                                                           : std::string()) +
-                      "); set training.device: cpu or auto");
+    throw_no_usable_gpu(where);  // the driver sees a GPU the runtime cannot use
   }
   // One GPU per local rank; more local ranks than GPUs share them round-robin (NCCL then refuses
   // two ranks of one communicator on a GPU: distributed.backend auto picks the staged MPI path).
