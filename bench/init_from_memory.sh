@@ -14,9 +14,12 @@
 #              constants and rotary buffers), its weights from the TorchScript file;
 #   hf_meta    that model on the meta device + model.init_from of its save_pretrained directory
 #              (sharded safetensors with an index, bf16 as HF writes by default: converted on read).
-#   meta_units, hf_units   the meta rows with the embedding table and the output head as FSDP units
-#              of their own (distributed.megatron_fsdp_unit_modules), so that strategy 3 gathers each
-#              alone instead of both for the whole step.
+#   The automatic units of these rows are the layers plus the embedding table and the output head,
+#   each a unit of its own (each holds more than a layer), so that strategy 3 gathers each alone;
+#   meta_layers, hf_layers   the meta rows with the layers alone as units
+#              (distributed.megatron_fsdp_unit_modules), the embedding and head then gathered
+#              together for the whole step (the automatic units before 2026-12-02's change);
+#   hf_meta_2np   the hf_meta row at 2 x NP ranks (the shards halve; the rest does not).
 # Peak RSS per rank from /usr/bin/time (max resident set size), max over the ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,16 +62,18 @@ params=$(.venv/bin/python -c "
 import torch; m = torch.jit.load('$W/big.pt'); print(sum(p.numel() for p in m.parameters()))")
 model_mib=$((params * 4 / 1048576))
 common=(data.train=$W/data data.valid_fraction=0 training.max_steps=1 training.micro_batch_size=1
-        training.global_batch_size=$NP training.seq_length=16 training.threads=1 training.log_every=1000 training.eval_every=0
+        training.seq_length=16 training.threads=1 training.log_every=1000 training.eval_every=0
         lr_scheduler.warmup_steps=0 optimizer.name=sgd optimizer.momentum=0 distributed.zero_dp_strategy=3
         logging.peak_tflops=1)
 # name overrides... -> "peak_mib seconds"
+# RUN_NP (default NP): the ranks.
 run() {
   local name=$1; shift
-  local t0 t1
+  local t0 t1 np=${RUN_NP:-$NP}
   t0=$(date +%s.%N)
-  mpirun --oversubscribe --allow-run-as-root -np "$NP" /usr/bin/time -f "maxrss_kib %M" "$MFSDP" train \
-    run_dir="$W/run_$name" "${common[@]}" "$@" > "$W/$name.log" 2>&1 || { tail -20 "$W/$name.log" >&2; exit 1; }
+  mpirun --oversubscribe --allow-run-as-root -np "$np" /usr/bin/time -f "maxrss_kib %M" "$MFSDP" train \
+    run_dir="$W/run_$name" "${common[@]}" training.global_batch_size="$np" "$@" > "$W/$name.log" 2>&1 ||
+    { tail -20 "$W/$name.log" >&2; exit 1; }
   t1=$(date +%s.%N)
   local peak
   peak=$(grep -o 'maxrss_kib [0-9]*' "$W/$name.log" | awk '{ if ($2 > m) m = $2 } END { print int(m / 1024) }')
@@ -82,13 +87,18 @@ read -r meta_mib meta_s < <(run meta model.path="$W/big.pt" distributed.init_fsd
 read -r hf_file_mib hf_file_s < <(run hf_file model.path="$W/hf.pt")
 read -r hf_meta_mib hf_meta_s < <(run hf_meta model.path="$W/hf.pt" distributed.init_fsdp_with_meta_device=true \
   model.init_from="$W/hf_dir")
-read -r meta_units_mib meta_units_s < <(run meta_units model.path="$W/big.pt" distributed.init_fsdp_with_meta_device=true \
-  model.init_from="$W/big.safetensors" "distributed.megatron_fsdp_unit_modules=[DecoderLayer, embed_tokens, lm_head]")
-read -r hf_units_mib hf_units_s < <(run hf_units model.path="$W/hf.pt" distributed.init_fsdp_with_meta_device=true \
-  model.init_from="$W/hf_dir" "distributed.megatron_fsdp_unit_modules=[LlamaDecoderLayer, model.embed_tokens, lm_head]")
-grep -h "initial weights" "$W/meta.log" | head -1 > "$W/init_line" || true
+read -r meta_layers_mib meta_layers_s < <(run meta_layers model.path="$W/big.pt" distributed.init_fsdp_with_meta_device=true \
+  model.init_from="$W/big.safetensors" "distributed.megatron_fsdp_unit_modules=[DecoderLayer]")
+read -r hf_layers_mib hf_layers_s < <(run hf_layers model.path="$W/hf.pt" distributed.init_fsdp_with_meta_device=true \
+  model.init_from="$W/hf_dir" "distributed.megatron_fsdp_unit_modules=[LlamaDecoderLayer]")
+read -r hf_2np_mib hf_2np_s < <(RUN_NP=$((2 * NP)) run hf_meta_2np model.path="$W/hf.pt" \
+  distributed.init_fsdp_with_meta_device=true model.init_from="$W/hf_dir")
+grep -h "units:" "$W/hf_meta.log" | head -1 > "$W/init_line" || true
+grep -h "initial weights" "$W/meta.log" | head -1 >> "$W/init_line" || true
 grep -h "initial weights\|left unread" "$W/hf_meta.log" | head -2 >> "$W/init_line" || true
-grep -h "memory on rank" "$W/meta.log" "$W/meta_units.log" "$W/hf_units.log" | sed 's/^/(rank 0) /' >> "$W/init_line" || true
+for r in meta meta_layers hf_meta hf_layers hf_meta_2np; do
+  grep -h "memory on rank" "$W/$r.log" | sed "s/^/($r, rank 0) /" >> "$W/init_line" || true
+done
 hf_shards=$(ls "$W/hf_dir"/*.safetensors | wc -l)
 {
   echo "# model.init_from: per-rank peak memory"
@@ -98,18 +108,21 @@ hf_shards=$(ls "$W/hf_dir"/*.safetensors | wc -l)
   echo "$NP ranks, zero_dp_strategy 3, SGD without state, one step. Peak RSS: the largest of the ranks'"
   echo "maximum resident set sizes (/usr/bin/time)."
   echo
-  echo "| start | peak RSS per rank (MiB) | above the baseline (MiB) | fraction of the model | wall (s) |"
-  echo "|---|---|---|---|---|"
-  echo "| baseline (2-layer toy model) | $base_mib | 0 | - | $base_s |"
+  echo "| start | ranks | peak RSS per rank (MiB) | peak / model | above the baseline (MiB) | above the baseline / model | wall (s) |"
+  echo "|---|---|---|---|---|---|---|"
+  echo "| baseline (2-layer toy model) | $NP | $base_mib | - | 0 | - | $base_s |"
   for row in "file:weights from the TorchScript file:$file_mib:$file_s" \
              "rules:meta device + mfsdp's init rules (no weights read):$rules_mib:$rules_s" \
              "meta:meta device + model.init_from (safetensors):$meta_mib:$meta_s" \
              "hf_file:HF LlamaForCausalLM, weights from the TorchScript file:$hf_file_mib:$hf_file_s" \
              "hf_meta:HF LlamaForCausalLM, meta device + model.init_from (save_pretrained dir, $hf_shards bf16 shards):$hf_meta_mib:$hf_meta_s" \
-             "meta_units:meta device + model.init_from, embedding and head as units:$meta_units_mib:$meta_units_s" \
-             "hf_units:HF LlamaForCausalLM, meta device + model.init_from, embedding and head as units:$hf_units_mib:$hf_units_s"; do
-    IFS=: read -r _ label mib s <<< "$row"
-    echo "| $label | $mib | $((mib - base_mib)) | $(echo "scale=2; ($mib - $base_mib) / $model_mib" | bc) | $s |"
+             "meta_layers:meta device + model.init_from, the layers alone as units:$meta_layers_mib:$meta_layers_s" \
+             "hf_layers:HF LlamaForCausalLM, meta device + model.init_from, the layers alone as units:$hf_layers_mib:$hf_layers_s" \
+             "hf_meta_2np:HF LlamaForCausalLM, meta device + model.init_from, $((2 * NP)) ranks:$hf_2np_mib:$hf_2np_s"; do
+    IFS=: read -r name label mib s <<< "$row"
+    np=$NP
+    [ "$name" = hf_meta_2np ] && np=$((2 * NP))
+    echo "| $label | $np | $mib | $(echo "scale=2; $mib / $model_mib" | bc) | $((mib - base_mib)) | $(echo "scale=2; ($mib - $base_mib) / $model_mib" | bc) | $s |"
   done
   echo
   echo "Expected for the meta row: this rank's shard of the weights and of the gradients (2 x model / $NP),"

@@ -87,7 +87,27 @@ BUILTIN_TP_PLANS = {
              # GPT2Model views the final norm's output to the input's shape (the whole sequence):
              # under sequence parallelism that output is gathered (sequence_parallel_gather).
              "ln_f": "sequence_parallel_gather"},
+    # StableLM: Llama's layout (its attention views q, k and v by constant head counts, which
+    # mfsdp makes local). Not with qk_layernorm: its per-head norms are a list over all heads.
+    "stablelm": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise",
+                 "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
+                 "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise",
+                 "layers.*.mlp.down_proj": "rowwise"},
+    # OPT: fc1 and fc2 sit in the decoder layer itself, on the tokens flattened to [B x T, H]
+    # (sequence parallelism gathers and scatters those along dim 0); only the attention is a block.
+    "opt": {"decoder.layers.*.self_attn.q_proj": "colwise", "decoder.layers.*.self_attn.k_proj": "colwise",
+            "decoder.layers.*.self_attn.v_proj": "colwise", "decoder.layers.*.self_attn.out_proj": "rowwise",
+            "decoder.layers.*.fc1": "colwise", "decoder.layers.*.fc2": "rowwise"},
 }
+
+
+def builtin_plan_refused(config):
+    """Why a BUILTIN_TP_PLANS plan does not fit this config, or None."""
+    if config.model_type == "stablelm" and getattr(config, "qk_layernorm", False):
+        return "StableLM with qk_layernorm (per-head norms over all heads)"
+    if config.model_type == "opt" and getattr(config, "word_embed_proj_dim", config.hidden_size) != config.hidden_size:
+        return "OPT with word_embed_proj_dim != hidden_size (project_in / project_out around the layers)"
+    return None
 
 
 def derive_tp_plan(model):
@@ -95,6 +115,9 @@ def derive_tp_plan(model):
     base_plan = getattr(model.config, "base_model_tp_plan", None) or {}
     builtin = not base_plan and model.config.model_type in BUILTIN_TP_PLANS
     if builtin:
+        refused = builtin_plan_refused(model.config)
+        if refused:
+            return None, f"mfsdp's plan for {model.config.model_type} does not fit {refused}: no tensor-parallel plan stored"
         base_plan = BUILTIN_TP_PLANS[model.config.model_type]
     if not base_plan:
         return None, f"{type(model.config).__name__} has no base_model_tp_plan: no tensor-parallel plan stored"
@@ -115,6 +138,9 @@ def derive_tp_plan(model):
     blocks = {key.rsplit(".", 1)[0] for key, style in base_plan.items()
               if style.split(":")[0] in ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
               and "." in key}
+    # A block that holds another (OPT's decoder layer, parent of fc1 and fc2, holds its attention)
+    # is not one: its input would be gathered twice and its middle rowwise layer would scatter it.
+    blocks = {b for b in blocks if not any(o.startswith(b + ".") for o in blocks)}
     for blk in sorted(blocks):
         plan.setdefault(f"{prefix}.{blk}", "sequence_gathered")
     for name, mod in model.named_modules():

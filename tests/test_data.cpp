@@ -1,5 +1,7 @@
 // Data: Megatron indexed datasets (every dtype code, validation of truncated and mismatched
-// files), llm.c token files, GPT windows, epochs, blends, the validation split, determinism.
+// files), llm.c token files, GPT windows, epochs, blends, the validation split, determinism, the
+// prefetch thread.
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -8,6 +10,7 @@
 
 #include "catch.h"
 #include "config/config.h"
+#include "data/batch_prefetcher.h"
 #include "data/gpt_dataset.h"
 #include "data/prepare.h"
 #include "data/token_source.h"
@@ -318,4 +321,69 @@ TEST_CASE("data.shuffle: false reads the windows in file order") {
   std::vector<int64_t> firsts;
   for (int k = 0; k < 4; ++k) firsts.push_back(q.train_batch(k / 2, k % 2).tokens[0][0].item<int64_t>());
   CHECK(firsts != std::vector<int64_t>{1, 4, 7, 10});
+}
+
+TEST_CASE("prefetch thread: the batches of reading on the main thread, in order; an error at its own step") {
+  auto prefix = write_megatron("prefetch", {{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {20, 21, 22, 23, 24, 25, 26, 27}}, 8);
+  Config cfg = load_config_string("model: {path: m}\ndata: {train: " + prefix + "}\n"
+                                  "training: {global_batch_size: 4, micro_batch_size: 1, seq_length: 3}\n", "f.yaml");
+  // Steps 2..6 of 4 micro-batches: the later steps cross into further epochs (reshuffled).
+  DataPipeline direct(cfg, 0, 1), threaded(cfg, 0, 1);
+  {
+    BatchPrefetcher pf([&](int64_t s, int64_t k) { return threaded.train_batch(s, k); }, 4, 2, 7, 2);
+    for (int64_t step = 2; step < 7; ++step) {
+      std::vector<HostBatch> got = pf.take(step);
+      REQUIRE(got.size() == 4);
+      for (int64_t k = 0; k < 4; ++k) {
+        Batch want = direct.train_batch(step, k);
+        CHECK(got[k].batch.tokens.equal(want.tokens));
+        CHECK(got[k].batch.targets.equal(want.targets));
+        CHECK(got[k].batch.loss_mask.equal(want.loss_mask));
+        CHECK(got[k].batch.position_ids.equal(want.position_ids));
+        CHECK(got[k].tokens == 3);
+        CHECK(got[k].max_token == std::max(want.tokens.max().item<int64_t>(), want.targets.max().item<int64_t>()));
+      }
+    }
+    // Past the end, or not the next step: a logic error, not a wait.
+    CHECK_THROWS_AS(pf.take(7), std::logic_error);
+  }
+  // A reader that fails at step 4: steps 2 and 3 arrive, take(4) throws the reader's error (the
+  // thread stops reading there), and a step out of order is refused.
+  std::atomic<int64_t> reads{0};
+  BatchPrefetcher failing(
+      [&](int64_t s, int64_t k) {
+        ++reads;
+        if (s == 4 && k == 1) throw UserError("data: step 4 is unreadable");
+        return direct.train_batch(s, k);
+      },
+      2, 2, 100, 3);
+  CHECK_THROWS_AS(failing.take(3), std::logic_error);
+  CHECK(failing.take(2).size() == 2);
+  CHECK(failing.take(3).size() == 2);
+  CHECK(error_of([&] { failing.take(4); }) == "data: step 4 is unreadable");
+  CHECK(reads.load() == 6);  // 2 + 2 + the failing step's two calls, nothing after it
+  // Destroyed with steps left unread (a run that stops early): the thread ends, nothing hangs.
+  {
+    BatchPrefetcher early([&](int64_t s, int64_t k) { return direct.train_batch(s % 3, k); }, 1, 0, 1000000, 2);
+    CHECK(early.take(0).size() == 1);
+  }
+  // The host batch's counts: a loss mask with zeros counts only the ones.
+  Batch b = direct.train_batch(0, 0);
+  b.loss_mask[0][1] = 0.0f;
+  HostBatch h = host_batch(b);
+  CHECK(h.tokens == 2);
+}
+
+TEST_CASE("mapped file: dropped pages read back the same bytes") {
+  const std::string path = tmpdir() + "/pages.bin";
+  std::vector<int64_t> v(100000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = int64_t(i * 7919 % 100003);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * 8));
+  MappedFile f(path);
+  REQUIRE(f.size() == v.size() * 8);
+  CHECK(std::memcmp(f.data(), v.data(), f.size()) == 0);
+  f.drop_pages(12345, 300000);  // an unaligned range inside the file
+  f.drop_pages(0, f.size() * 2);  // past the end: clamped
+  f.drop_pages(f.size() + 10, 5);  // outside: nothing
+  CHECK(std::memcmp(f.data(), v.data(), f.size()) == 0);
 }

@@ -39,7 +39,9 @@ void print_parameter_layout(const Config& cfg, const MeshShape& shape) {
       return Model::load(cfg.model.path);  // buffers with values cannot be loaded on meta
     }
   }();
-  model.find_units(cfg.distributed.megatron_fsdp_unit_modules, cfg.where("distributed.megatron_fsdp_unit_modules"));
+  const std::string units =
+      model.find_units(cfg.distributed.megatron_fsdp_unit_modules, cfg.where("distributed.megatron_fsdp_unit_modules"));
+  std::printf("FSDP %s\n", units.c_str());
   TpAssignment a = plan_tensor_parallel(model, cfg, shape.tp);
   std::printf("%s", describe_tp_assignment(model, a, shape.tp).c_str());
   if (shape.cp > 1) {

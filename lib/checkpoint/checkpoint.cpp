@@ -173,6 +173,7 @@ at::Tensor read_full_param(PieceReader& reader, const json& index, const std::st
       full.narrow(0, g, len).copy_(src.narrow(0, l - pb, len));
       covered += len;
     });
+    f.release(key);  // read: its mapped pages need not stay resident (SafetensorsFile::release)
   }
   if (covered != numel)
     throw UserError(fmt::format("checkpoint: {} of the {} elements of parameter {} are in the checkpoint", covered, numel,
@@ -208,6 +209,7 @@ void read_range(PieceReader& reader, const json& index, const std::string& kind,
     at::Tensor src = piece_tensor(f, key, pe - pb);
     dst.narrow(0, lo - begin, hi - lo).copy_(src.narrow(0, lo - pb, hi - lo));
     covered += hi - lo;
+    f.release(key);
   }
   if (covered != end - begin)
     throw UserError(fmt::format("checkpoint: {} of {} elements [{}, {}) of parameter {} are in the checkpoint", covered,

@@ -153,6 +153,9 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
         dst.narrow(0, l - r.begin, len).copy_(full.narrow(0, g, len));
         copied += len;
       });
+      // The slice read, its mapped pages need not stay resident: otherwise the peak of the load
+      // is this rank's shards plus every page of the files it touched.
+      s->file->release(s->name);
     }
     std::string types;
     for (const auto& [t, _] : dtypes) types += (types.empty() ? "" : "/") + t;

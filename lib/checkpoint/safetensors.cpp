@@ -146,4 +146,9 @@ at::Tensor SafetensorsFile::get(const std::string& name) const {
   return at::from_blob(p, e.shape, at::TensorOptions().dtype(e.dtype));
 }
 
+void SafetensorsFile::release(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it != entries_.end()) file_->drop_pages(data_start_ + it->second.begin, it->second.end - it->second.begin);
+}
+
 }  // namespace mfsdp

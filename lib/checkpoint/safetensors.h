@@ -39,6 +39,9 @@ class SafetensorsFile {
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
   // A tensor viewing the mapped bytes (valid while this object lives); clone() to keep it.
   at::Tensor get(const std::string& name) const;
+  // The tensor's pages leave this process's resident memory (MappedFile::drop_pages); get() still
+  // reads it.
+  void release(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
 

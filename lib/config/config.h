@@ -121,6 +121,7 @@ struct DataConfig {
   bool shuffle = true;
   std::optional<int64_t> eod_token;  // end-of-document id (256 for prepare-data's byte tokenizer)
   bool eod_mask_loss = false;        // Megatron's --eod-mask-loss: no loss on predicting eod_token
+  int64_t prefetch_steps = 2;        // steps of batches a thread reads ahead; 0: read on the main thread
 };
 
 struct TrainingConfig {

@@ -94,6 +94,7 @@ void describe(Config& c, V& v) {
     v.field("shuffle", c.data.shuffle);
     v.field("eod_token", c.data.eod_token, at_least<int64_t>(0));
     v.field("eod_mask_loss", c.data.eod_mask_loss);
+    v.field("prefetch_steps", c.data.prefetch_steps, between<int64_t>(0, 64));
   });
   v.section("training", [&] {
     auto& t = c.training;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fmt/format.h>
@@ -55,6 +56,14 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     data_ = static_cast<const uint8_t*>(p);
   }
   ::close(fd);
+}
+
+void MappedFile::drop_pages(size_t offset, size_t n) const {
+  if (!data_ || n == 0 || offset >= size_) return;
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t begin = offset / page * page, end = std::min(size_, offset + n);
+  // Advice only: a failure leaves the pages resident, which is what happened before the call.
+  ::madvise(const_cast<uint8_t*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

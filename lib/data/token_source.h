@@ -17,6 +17,11 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Gives back the resident pages of bytes [offset, offset + n) (whole pages inside or touching
+  // the range): a read-only shared mapping's pages count in the process's RSS while mapped, and a
+  // reader that is done with them (model.init_from, tensor by tensor) need not hold them. The
+  // bytes stay readable (the kernel reads them again from the page cache).
+  void drop_pages(size_t offset, size_t n) const;
 
  private:
   std::string path_;

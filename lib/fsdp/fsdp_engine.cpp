@@ -172,6 +172,13 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     if (!g.defined()) return;
     const ParamInfo& info = info_[pi];
     Bucket& b = buckets_[info.bucket];
+    // The bucket's last gradient of this backward: autograd runs a parameter's accumulator only
+    // after every node that used the parameter has run, so no node left in this backward reads
+    // the bucket's gathered weights. Under strategy 3 they are freed now, before the full-size
+    // gradient buffer is allocated, rather than when the unit's backward ends: a unit of one large
+    // parameter (an output head) then holds its weights or its gradient buffer beside autograd's
+    // gradient, never all three (DESIGN.md section 5).
+    if (strategy_ == 3 && b.unit >= 0 && b.pending == 1) release(b);
     {
       at::NoGradGuard ng;
       if (!b.grad_full.defined()) {
@@ -477,8 +484,12 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       for (size_t u = 0; u < model_.units().size(); ++u) add(model_.units()[u].path, int(u), model_.units()[u].params);
       if (!rest.empty()) add("(outside units)", -1, rest);
     }
-    // Double buffering: each unit's buckets sit side by side in buffer (unit % 2).
-    for (auto& group : unit_groups_) {
+    // Double buffering: each block's buckets sit side by side in buffer (unit % 2); a leaf unit
+    // outside the blocks (an embedding table or output head, usually larger than a block) is
+    // allocated when gathered, as the buffers are sized by the largest unit they hold.
+    for (size_t u = 0; u < unit_groups_.size(); ++u) {
+      if (!model_.units()[u].block) continue;
+      const auto& group = unit_groups_[u];
       int64_t off = 0;
       for (int bi : group) {
         buckets_[bi].dbuf_offset = off;
@@ -719,7 +730,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   void start_gather(Bucket& b) {
     if (b.gathered) return;
     const size_t bytes = size_t(b.padded) * at::elementSize(cd_);
-    if (d_.fsdp_double_buffer && b.unit >= 0) {
+    if (double_buffered(b)) {
       // Two persistent buffers used alternately by consecutive units: nothing is allocated.
       void* p = static_cast<char*>(double_buffer_[b.unit % 2].data_ptr()) + b.dbuf_offset * at::elementSize(cd_);
       storage(b)->set_data_ptr_noswap(at::DataPtr(p, dev_));
@@ -750,10 +761,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     wait_gather(b);
   }
 
+  bool double_buffered(const Bucket& b) const {
+    return d_.fsdp_double_buffer && b.unit >= 0 && model_.units()[size_t(b.unit)].block;
+  }
+
   void release(Bucket& b) {
     if (strategy_ != 3 || !b.gathered) return;
     wait_gather(b);  // never free memory a collective is writing into
-    if (!(d_.fsdp_double_buffer && b.unit >= 0)) track(-int64_t(storage(b)->nbytes()));
+    if (!double_buffered(b)) track(-int64_t(storage(b)->nbytes()));
     storage(b)->set_data_ptr_noswap(at::DataPtr(nullptr, dev_));
     storage(b)->set_nbytes(0);
     b.gathered = false;

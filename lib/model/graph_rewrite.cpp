@@ -123,11 +123,12 @@ void checkpoint_calls_in(torch::jit::Block* block, const std::set<const c10::Cla
 }  // namespace
 
 int instrument_units(Model& model, bool checkpoint_activations) {
-  std::set<const c10::ClassType*> rewritten;
+  std::set<const c10::ClassType*> rewritten, block_types;
   std::set<std::string> unit_paths;
   for (size_t u = 0; u < model.units().size(); ++u) {
     const auto& unit = model.units()[u];
     torch::jit::Module m = submodule_at(model.module(), unit.path);
+    if (unit.block) block_types.insert(m.type().get());
     // register_attribute adds the slot to the (possibly shared) type and sets this instance's value.
     m.register_attribute(kUnitAttr, c10::IntType::get(), int64_t(u));
     unit_paths.insert(unit.path);
@@ -144,14 +145,17 @@ int instrument_units(Model& model, bool checkpoint_activations) {
   if (model.units().empty())
     throw UserError("activation_checkpointing: the model has no FSDP units to checkpoint (none were found or "
                     "configured; set distributed.megatron_fsdp_unit_modules)");
-  // Every graph that calls a unit: one rewrite per TorchScript type.
+  // Every graph that calls a block: one rewrite per TorchScript type. Only blocks are checkpointed:
+  // a leaf unit (an embedding, an output head) has nothing worth recomputing, and its TorchScript
+  // type may be shared with the Linear layers inside the blocks, which must not be checkpointed
+  // one by one inside a checkpointed block.
   std::set<const c10::ClassType*> seen;
   int replaced = 0;
   for (const auto& nm : model.module().named_modules()) {
     torch::jit::Module m = nm.value;
     if (!seen.insert(m.type().get()).second || !m.find_method("forward")) continue;
     auto& fn = torch::jit::toGraphFunction(m.get_method("forward").function());
-    checkpoint_calls_in(fn.graph()->block(), rewritten, nm.name.empty() ? "the model's forward" : nm.name + ".forward",
+    checkpoint_calls_in(fn.graph()->block(), block_types, nm.name.empty() ? "the model's forward" : nm.name + ".forward",
                         replaced);
   }
   if (replaced == 0)

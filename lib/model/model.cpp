@@ -297,8 +297,42 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
       }
     }
   }
+  // Parameters of module `path` (and below) that only it uses: a tied one is also used elsewhere.
+  auto own_params = [&](const std::string& path) {
+    int64_t n = 0;
+    for (const auto& p : params_) {
+      bool inside = p.name.rfind(path + ".", 0) == 0;
+      for (const auto& alias : p.aliases) inside = inside && alias.rfind(path + ".", 0) == 0;
+      if (inside) n += p.tensor.numel();
+    }
+    return n;
+  };
+  if (!patterns && !chosen.empty()) {
+    // Auto, besides the blocks: a leaf module outside them that holds at least as many (untied)
+    // parameters as the largest block is a unit of its own. Under strategy 3 the parameters outside
+    // every unit are gathered whole for the whole step with their full gradient; for a large
+    // vocabulary that is the embedding table and the output head, which then set the peak
+    // (bench/results_init_from.md: 1.5x against 1.2x the model's size per rank at 4 ranks).
+    int64_t largest = 0;
+    for (const auto& c : chosen) largest = std::max(largest, own_params(c.first));
+    std::map<std::string, size_t> order;
+    for (const auto& nm : modules) order.emplace(nm.name, order.size());
+    std::vector<std::pair<std::string, std::string>> extra;
+    for (const auto& nm : modules) {
+      if (nm.name.empty() || nm.value.named_children().size() != 0) continue;
+      bool inside = false;
+      for (const auto& c : chosen) inside = inside || nm.name == c.first || nm.name.rfind(c.first + ".", 0) == 0;
+      if (!inside && largest > 0 && own_params(nm.name) >= largest)
+        extra.emplace_back(nm.name, unqualified_class_name(nm.value));
+    }
+    chosen.insert(chosen.end(), extra.begin(), extra.end());
+    std::stable_sort(chosen.begin(), chosen.end(),
+                     [&](const auto& a, const auto& b) { return order.at(a.first) < order.at(b.first); });
+  }
   units_.clear();
-  for (const auto& [path, cls] : chosen) units_.push_back({path, cls, {}});
+  std::map<std::string, bool> leaf_of;
+  for (const auto& nm : modules) leaf_of[nm.name] = nm.value.named_children().size() == 0;
+  for (const auto& [path, cls] : chosen) units_.push_back({path, cls, {}, !leaf_of.at(path)});
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].unit = -1;
     // A tied parameter that is also used outside the unit (an embedding shared with the output
@@ -321,6 +355,8 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
   for (auto& u : units_)
     if (!u.params.empty()) kept.push_back(u);
   units_ = kept;
+  if (std::none_of(units_.begin(), units_.end(), [](const ModelUnit& u) { return u.block; }))
+    for (auto& u : units_) u.block = true;  // units that are all leaf modules are the blocks
   for (auto& p : params_) p.unit = -1;
   for (size_t u = 0; u < units_.size(); ++u)
     for (int pi : units_[u].params) params_[pi].unit = static_cast<int>(u);
@@ -337,7 +373,24 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
   for (const auto& [cls, paths] : by_class)
     parts.push_back(fmt::format("{}{} ({}{})", paths.size() > 1 ? fmt::format("{} of class ", paths.size()) : "",
                                 cls, paths.front(), paths.size() > 1 ? " .. " + paths.back() : ""));
-  return fmt::format("{} units: {}{}", units_.size(), join(parts, ", "), patterns ? "" : ", auto-detected");
+  std::vector<std::string> outer;
+  for (const auto& u : units_)
+    if (!u.block) outer.push_back(u.path);
+  return fmt::format("{} units: {}{}{}", units_.size(), join(parts, ", "), patterns ? "" : ", auto-detected",
+                     outer.empty() ? ""
+                                   : fmt::format(" ({}: leaf modules outside the blocks, units of their own{})",
+                                                 join(outer, ", "),
+                                                 patterns ? "" : " as each holds at least a block's parameters"));
+}
+
+int64_t Model::num_block_units() const {
+  return std::count_if(units_.begin(), units_.end(), [](const ModelUnit& u) { return u.block; });
+}
+
+int Model::first_block_unit() const {
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].block) return int(u);
+  return -1;
 }
 
 }  // namespace mfsdp

@@ -29,6 +29,12 @@ struct ModelUnit {
   std::string path;        // module path ("blocks.3")
   std::string class_name;  // unqualified TorchScript class ("Block")
   std::vector<int> params;  // indices into Model::params
+  // A block (a transformer layer) rather than a leaf module made a unit for memory (an embedding
+  // table or an output head outside the layers). Only blocks see sequence-split activations under
+  // sequence parallelism, are checkpointed by activation_checkpointing, count as layers in the
+  // FLOP estimate and share fsdp_double_buffer's buffers. When every unit is a leaf module, every
+  // unit is a block.
+  bool block = true;
 };
 
 class Model {
@@ -50,6 +56,11 @@ class Model {
   const std::vector<ModelParam>& params() const { return params_; }
   std::vector<ModelParam>& params() { return params_; }
   const std::vector<ModelUnit>& units() const { return units_; }
+  // The units that are blocks (ModelUnit::block): how many, and the first one's index (-1: none).
+  int64_t num_block_units() const;
+  int first_block_unit() const;
+  // Parameter i belongs to a block unit.
+  bool in_block(size_t i) const { return params_[i].unit >= 0 && units_[size_t(params_[i].unit)].block; }
   const std::string& path() const { return path_; }
   // The tensor-parallel plan the exporter stored in the file (extra file "mfsdp/tp_plan.json", a
   // JSON object glob -> style), or "" when it has none.
@@ -65,8 +76,11 @@ class Model {
   std::string apply_trainable(const Config& cfg);
 
   // Chooses the FSDP units: `patterns` (class names, qualified class names or module-path globs,
-  // outermost match wins) or, when null, the largest set of repeated sibling modules. Throws a
-  // ConfigError listing the module tree when nothing matches. Returns a one-line description.
+  // outermost match wins) or, when null, the largest set of repeated sibling modules, and besides
+  // them every leaf module outside them whose own (untied) parameters are at least the largest
+  // such block's (a large vocabulary's embedding table and output head: units of their own, as
+  // torchtitan shards them). Throws a ConfigError listing the module tree when nothing matches.
+  // Returns a one-line description.
   // Paths of the modules (root excluded) whose class name, qualified class name or path glob is
   // one of `patterns`, in module order.
   std::vector<std::string> modules_matching(const std::vector<std::string>& patterns) const;

@@ -285,7 +285,7 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
     };
     std::vector<std::string> unmarked;
     for (size_t i = 0; i < n; ++i)
-      if (model.params()[i].unit >= 0 && a.split_dim[i] < 0 && !a.grad_sum[i] && !gathered(model.params()[i].name))
+      if (model.in_block(i) && a.split_dim[i] < 0 && !a.grad_sum[i] && !gathered(model.params()[i].name))
         unmarked.push_back(model.params()[i].name);
     if (!unmarked.empty())
       throw ConfigError(cfg.where("distributed.sequence_parallel") +
@@ -293,11 +293,13 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
                         "inside units, where activations are split along the sequence, and no plan entry says how: " +
                         join(unmarked, ", ") + ". Mark their modules (norms) sequence_parallel in the plan (" +
                         plan.source + ")");
-    // Outside units, modules called after the first unit (a final norm, also one inside a container
-    // of the units such as HF's `model.norm`) see sequence-split activations too. Walk the forward
-    // graphs in call order, descending into the containers of units.
+    // Outside blocks, modules called after the first block (a final norm, also one inside a
+    // container of the blocks such as HF's `model.norm`; an output head made a unit of its own)
+    // see sequence-split activations too. Walk the forward graphs in call order, descending into
+    // the containers of blocks.
     std::vector<std::string> unit_paths;
-    for (const auto& u : model.units()) unit_paths.push_back(u.path);
+    for (const auto& u : model.units())
+      if (u.block) unit_paths.push_back(u.path);
     std::vector<std::string> unmarked_after;
     bool after_units = false;
     // A module called after the units: its own parameters, and those of the submodules its forward
@@ -307,7 +309,7 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
                                                                                          const torch::jit::Module& m) {
       for (const auto& own : m.named_parameters(/*recurse=*/false)) {
         const int i = by_name.at(path + "." + own.name);
-        if (model.params()[size_t(i)].unit < 0 && a.split_dim[size_t(i)] < 0 && !a.grad_sum[size_t(i)])
+        if (!model.in_block(size_t(i)) && a.split_dim[size_t(i)] < 0 && !a.grad_sum[size_t(i)])
           unmarked_after.push_back(model.params()[size_t(i)].name);
       }
       for_each_call(path, m, [&](const std::string& target, Node*) {
@@ -387,7 +389,7 @@ class TensorParallelImpl final : public TensorParallel {
                               ": training.seq_length: sequence parallel splits each rank's {} tokens (seq_length / "
                               "cp_size) over tp_size {}; they must divide evenly",
                               local_seq, size_));
-      if (model.units().empty())
+      if (model.num_block_units() == 0)
         throw ConfigError(cfg.where("distributed.sequence_parallel") +
                           ": distributed.sequence_parallel: the sequence is split at the input of the first FSDP unit, "
                           "and this model has none (set distributed.megatron_fsdp_unit_modules)");
@@ -647,6 +649,7 @@ class TensorParallelImpl final : public TensorParallel {
     }
     if (k == "colwise" || k == "colwise_rep" || k == "rowwise" || k == "rowwise_rep")
       if (Node* mm = conv1d_node(mod)) return rewrite_conv1d(node, mm, arg, style, path);
+    if (k == "colwise") localise_head_views(node->output(), path);
     // Inside a sequence_gathered block the block's call holds the copy (and the gradient
     // reduction) of the input. colwise_rep's gathered output then feeds replicated code on the
     // whole sequence, whose gradient it slices back to this rank's columns: a partial input
@@ -745,6 +748,41 @@ class TensorParallelImpl final : public TensorParallel {
     node->destroy();
   }
 
+  // A colwise projection's output viewed by heads with constant counts: a trace of OPT's
+  // view(bsz, -1, num_heads, head_dim) bakes the global head count in, and with -1 before it the
+  // view would succeed on this rank's columns with the sequence cut instead (silently wrong). The
+  // head count becomes this rank's. Recognised: aten::view / aten::reshape of the output, or of it
+  // after up to three elementwise ops (OPT scales q first), whose size list ends in two constants
+  // H, D with H x D the projection's global width and H divisible by tp_size.
+  void localise_head_views(Value* y, const std::string& path) {
+    int64_t width = 0;
+    for (const auto& p : model_.params())
+      if (p.name == path + ".weight" && p.tp.split() && !p.tp.global_shape.empty()) width = p.tp.global_shape[0];
+    if (width == 0) return;
+    std::function<void(Value*, int)> follow = [&](Value* v, int depth) {
+      for (const auto& use : std::vector<torch::jit::Use>(v->uses())) {
+        Node* u = use.user;
+        if (use.offset != 0) continue;
+        const auto kind = u->kind();
+        if ((kind == c10::aten::view || kind == c10::aten::reshape) && u->inputs().size() == 2) {
+          Node* list = u->input(1)->node();
+          if (list->kind() != c10::prim::ListConstruct || list->inputs().size() < 2) continue;
+          const size_t n = list->inputs().size();
+          auto h = torch::jit::toIValue(list->input(n - 2)), d = torch::jit::toIValue(list->input(n - 1));
+          if (!h || !d || !h->isInt() || !d->isInt() || h->toInt() <= 0 || h->toInt() * d->toInt() != width ||
+              h->toInt() % size_ != 0)
+            continue;
+          torch::jit::WithInsertPoint at(list);
+          list->replaceInput(n - 2, v->owningGraph()->insertConstant(h->toInt() / size_));
+        } else if (depth < 3 && (kind == c10::aten::mul || kind == c10::aten::div || kind == c10::aten::add ||
+                                 kind == c10::aten::sub || kind == c10::aten::to || kind == c10::aten::contiguous)) {
+          follow(u->output(), depth + 1);
+        }
+      }
+    };
+    follow(y, 0);
+  }
+
   // A packed colwise output cut by constant-width aten::split(y, part, -1): the local width.
   void localise_split_widths(Value* y, const std::string& path) {
     std::vector<int64_t> parts;
@@ -761,10 +799,10 @@ class TensorParallelImpl final : public TensorParallel {
     }
   }
 
-  // Sequence parallel: the first unit splits its hidden-state input (its first Tensor argument)
-  // along the sequence; every later unit receives it split already.
+  // Sequence parallel: the first block splits its hidden-state input (its first Tensor argument)
+  // along the sequence; every later block receives it split already.
   void insert_sequence_scatter() {
-    const std::string& path = model_.units().front().path;
+    const std::string& path = model_.units()[size_t(model_.first_block_unit())].path;
     torch::jit::Module first = submodule_at(model_.module(), path);
     first.register_attribute(kSpFirstAttr, c10::IntType::get(), int64_t(1));
     for (const auto& nm : model_.module().named_modules())

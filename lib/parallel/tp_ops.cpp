@@ -34,22 +34,29 @@ at::Tensor own_chunk(const at::Tensor& x, int64_t dim) {
   return x.narrow(dim, c.rank() * n, n).contiguous();
 }
 
+// The sequence dimension of an activation under sequence parallelism: 1 of [B, T, H]; 0 of a
+// [tokens, H] matrix, the tokens flattened (OPT's MLP reshapes its input to (-1, H) before fc1 and
+// views it back after fc2). Gathering and scattering flattened tokens along dim 0 orders them rank
+// by rank rather than as the full sequence would; what runs between (token-wise layers) does not
+// see the order, and the reduce-scatter after it hands each rank its own rows back.
+int64_t seq_dim(const at::Tensor& x) { return x.dim() == 2 ? 0 : 1; }
+
 // ------------------------------------------------------------------------------- autograd pairs
 struct CopyToTp : public torch::autograd::Function<CopyToTp> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x) {
-    return g_sp.load() ? all_gather_dim(*g_tp.load(), x, 1) : x;
+    return g_sp.load() ? all_gather_dim(*g_tp.load(), x, seq_dim(x)) : x;
   }
   static variable_list backward(AutogradContext*, variable_list g) {
-    return {g_sp.load() ? reduce_scatter_dim(*g_tp.load(), g[0], 1) : all_reduced(g[0])};
+    return {g_sp.load() ? reduce_scatter_dim(*g_tp.load(), g[0], seq_dim(g[0])) : all_reduced(g[0])};
   }
 };
 
 struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x) {
-    return g_sp.load() ? reduce_scatter_dim(*g_tp.load(), x, 1) : all_reduced(x);
+    return g_sp.load() ? reduce_scatter_dim(*g_tp.load(), x, seq_dim(x)) : all_reduced(x);
   }
   static variable_list backward(AutogradContext*, variable_list g) {
-    return {g_sp.load() ? all_gather_dim(*g_tp.load(), g[0], 1) : g[0]};
+    return {g_sp.load() ? all_gather_dim(*g_tp.load(), g[0], seq_dim(g[0])) : g[0]};
   }
 };
 
@@ -94,10 +101,12 @@ at::Tensor tp_vocab_reduce(const at::Tensor& y, const at::Tensor& ids, int64_t s
   return active() ? VocabReduce::apply(y, ids, start, end) : y;
 }
 // Below autograd (no graph is recorded): forward only.
-at::Tensor tp_copy_plain(const at::Tensor& x) { return active() && g_sp.load() ? all_gather_dim(*g_tp.load(), x, 1) : x; }
+at::Tensor tp_copy_plain(const at::Tensor& x) {
+  return active() && g_sp.load() ? all_gather_dim(*g_tp.load(), x, seq_dim(x)) : x;
+}
 at::Tensor tp_reduce_plain(const at::Tensor& x) {
   if (!active()) return x;
-  return g_sp.load() ? reduce_scatter_dim(*g_tp.load(), x, 1) : all_reduced(x);
+  return g_sp.load() ? reduce_scatter_dim(*g_tp.load(), x, seq_dim(x)) : all_reduced(x);
 }
 at::Tensor tp_gather_last_plain(const at::Tensor& x) { return active() ? all_gather_dim(*g_tp.load(), x, -1) : x; }
 at::Tensor tp_split_last_plain(const at::Tensor& x) { return active() ? own_chunk(x, -1) : x; }

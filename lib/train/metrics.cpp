@@ -37,7 +37,8 @@ void MetricsWriter::write(const StepMetrics& m) {
       num(m.tflops_per_rank), num(m.mfu), num(m.peak_mem_mib), m.consumed_samples, m.mem_weights, m.mem_main_weights,
       m.mem_grads, m.mem_optimizer, m.mem_fsdp_peak);
   if (m.val_loss) line += fmt::format(", \"val_loss\": {}", num(*m.val_loss));
-  line += fmt::format(", \"unit_gathers\": {}, \"skipped_total\": {}", m.unit_gathers, m.skipped_total);
+  line += fmt::format(", \"unit_gathers\": {}, \"skipped_total\": {}, \"data_wait_s\": {}", m.unit_gathers,
+                      m.skipped_total, num(m.data_wait_s));
   if (m.on_device)
     line += fmt::format(", \"device_mem_allocated\": {}, \"device_mem_reserved\": {}, \"device_mem_peak\": {}",
                         m.device_allocated, m.device_reserved, m.device_peak);

@@ -20,6 +20,7 @@ struct StepMetrics {
   bool skipped = false;      // NaN/Inf gradients and the step was not applied
   int64_t skipped_total = 0;  // steps skipped so far in this run
   int64_t unit_gathers = 0;   // strategy 3: all-gathers of unit weights issued during the step
+  double data_wait_s = 0;     // time the step waited for its batches (read by the prefetch thread)
   // GPU runs: the CUDA caching allocator's bytes now allocated / reserved, and the peak allocated
   // during the step (written only when on_device).
   bool on_device = false;

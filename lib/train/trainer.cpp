@@ -30,6 +30,7 @@
 #include "comm/communicator.h"
 #include "comm/flight_recorder.h"
 #include "comm/mpi_env.h"
+#include "data/batch_prefetcher.h"
 #include "data/gpt_dataset.h"
 #include "device/device.h"
 #include "fsdp/engine.h"
@@ -226,13 +227,12 @@ class Trainer {
     model_->train(true);
     n_params_ = model_->num_params();
     const int64_t n_dense = n_params_ - model_->num_embedding_params();
-    const int64_t L = std::max<int64_t>(1, int64_t(model_->units().size()));
+    const int64_t L = std::max<int64_t>(1, model_->num_block_units());
     flops_per_token_ = 6.0 * double(n_dense) + 6.0 * double(L) * double(cfg_.training.seq_length) * double(model_->hidden_size());
     log(fmt::format("model {}: {} parameters ({} in matmuls: embedding tables excluded, a tied output head counted), {}; compute {}", cfg_.model.path, n_params_, n_dense,
                     units, cfg_.model.compute_dtype));
 
-    if (cfg_.distributed.zero_dp_strategy == ZeroDpStrategy::kOptimGradsParams && !cfg_.distributed.megatron_fsdp_unit_modules)
-      log_root_note();
+    if (cfg_.distributed.zero_dp_strategy == ZeroDpStrategy::kOptimGradsParams) log_root_note();
     tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
     cp_ = apply_context_parallel(*model_, cfg_, *pg_);  // replaces attention-core calls
     const std::string trainable = model_->apply_trainable(cfg_);  // after TP: it replaces parameters
@@ -384,26 +384,41 @@ class Trainer {
     return logits.size(2) * (tp_->logits_sharded() ? shape_.tp : 1);
   }
 
-  // The host batch's checks and counts, then its copy to the device: pinned memory and a
-  // non-blocking copy on the current stream, so that the transfer is queued behind the work
-  // already issued (the previous step's optimizer) and the host moves on.
-  ReadyBatch make_ready(const Batch& host) {
+  // The host batch (its checks and counts taken by the reader), then its copy to the device:
+  // pinned memory and a non-blocking copy on the current stream, so that the transfer is queued
+  // behind the work already issued (the previous step's optimizer) and the host moves on.
+  ReadyBatch make_ready(const HostBatch& host) {
     ReadyBatch r;
-    r.max_token = std::max(host.tokens.max().item<int64_t>(), host.targets.max().item<int64_t>());
-    r.tokens = host.loss_mask.sum().item<double>();
+    r.max_token = host.max_token;
+    r.tokens = host.tokens;
     if (!device_.is_cuda()) {
-      r.device = host;
+      r.device = host.batch;
       return r;
     }
     auto up = [&](const at::Tensor& t) { return t.pin_memory().to(device_, /*non_blocking=*/true); };
-    r.device = {up(host.tokens), up(host.targets), up(host.loss_mask), up(host.position_ids)};
+    const Batch& b = host.batch;
+    r.device = {up(b.tokens), up(b.targets), up(b.loss_mask), up(b.position_ids)};
     return r;
   }
 
-  // Every micro-batch of training step `step` (0-based), read and sent on their way.
+  // Every micro-batch of training step `step` (0-based), read by the prefetch thread (started at
+  // the first step this run trains, kept data.prefetch_steps ahead; 0: read here) and sent on
+  // their way.
   std::vector<ReadyBatch> fetch_step(int64_t step) {
     std::vector<ReadyBatch> out;
-    for (int64_t k = 0; k < accum_; ++k) out.push_back(make_ready(data_->train_batch(step, k)));
+    const auto t0 = Clock::now();
+    if (cfg_.data.prefetch_steps == 0) {
+      for (int64_t k = 0; k < accum_; ++k) out.push_back(make_ready(host_batch(data_->train_batch(step, k))));
+      data_wait_s_ += seconds_since(t0);
+      return out;
+    }
+    if (!prefetcher_)
+      prefetcher_ = std::make_unique<BatchPrefetcher>(
+          [this](int64_t s, int64_t k) { return data_->train_batch(s, k); }, accum_, step, cfg_.training.max_steps,
+          int(cfg_.data.prefetch_steps));
+    std::vector<HostBatch> host = prefetcher_->take(step);
+    data_wait_s_ += seconds_since(t0);
+    for (const HostBatch& h : host) out.push_back(make_ready(h));
     return out;
   }
 
@@ -471,6 +486,7 @@ class Trainer {
     reset_device_peak(device_);
     // This step's batches were fetched at the end of the previous one (its copies overlapped the
     // optimizer's kernels); the first step, or one after evaluation, fetches them now.
+    const double waited_before = data_wait_s_;
     std::vector<ReadyBatch> batches = prefetched_step_ == step ? std::move(prefetched_) : fetch_step(step);
     prefetched_.clear();
     prefetched_step_ = -1;
@@ -534,6 +550,7 @@ class Trainer {
       prefetched_ = fetch_step(step + 1);
       prefetched_step_ = step + 1;
     }
+    m.data_wait_s = data_wait_s_ - waited_before;
     const int64_t gathers = engine_->gathers_issued();
     m.unit_gathers = gathers - gathers_seen_;
     gathers_seen_ = gathers;
@@ -572,8 +589,9 @@ class Trainer {
 
   // Strategy 3 gathers the parameters outside every unit for the whole step, with their full
   // gradient. When they outweigh the largest unit (an embedding table and an untied output head of
-  // a large vocabulary), say which modules they are and how to make units of them: at 4 ranks that
-  // lowers the peak RSS of a 1.2 GiB Llama from 1.39x to 0.90x its size (bench/results_init_from.md).
+  // a large vocabulary left out of configured units; the automatic units include them), say which
+  // modules they are and how to make units of them (bench/results_init_from.md). A tied parameter
+  // cannot leave the parameters outside units: it is not counted.
   void log_root_note() {
     std::map<std::string, int64_t> outside;  // module -> elements
     int64_t root = 0;
@@ -584,6 +602,7 @@ class Trainer {
         continue;
       }
       root += p.tensor.numel();
+      if (!p.aliases.empty()) continue;
       auto dot = p.name.rfind('.');
       outside[dot == std::string::npos ? p.name : p.name.substr(0, dot)] += p.tensor.numel();
     }
@@ -596,7 +615,10 @@ class Trainer {
     log(fmt::format("note: {} parameters outside the units ({}x the largest unit; {}) are gathered whole for each "
                     "step under zero_dp_strategy 3; units of their own lower the peak memory: "
                     "distributed.megatron_fsdp_unit_modules: [{}, {}]",
-                    root, root / largest, join(big, ", "), model_->units().front().class_name, join(big, ", ")));
+                    root, root / largest, join(big, ", "),
+                    cfg_.distributed.megatron_fsdp_unit_modules ? join(*cfg_.distributed.megatron_fsdp_unit_modules, ", ")
+                                                                : model_->units().front().class_name,
+                    join(big, ", ")));
   }
 
   double evaluate() {
@@ -605,7 +627,7 @@ class Trainer {
     model_->train(false);
     LossSums sums;
     for (int64_t it = 0; it < cfg_.training.eval_iters; ++it)
-      for (int64_t k = 0; k < accum_; ++k) sums.add(micro_batch(make_ready(data_->valid_batch(it, k)), false));
+      for (int64_t k = 0; k < accum_; ++k) sums.add(micro_batch(make_ready(host_batch(data_->valid_batch(it, k))), false));
     model_->train(true);
     auto [loss_sum, tokens] = global_sums(sums);
     return loss_sum.item<double>() / std::max(1.0, tokens);
@@ -623,6 +645,7 @@ class Trainer {
         {"train/mfu", m.mfu},
         {"train/step_time_s", m.step_time_s},
         {"train/skipped_total", double(m.skipped_total)},
+        {"train/data_wait_s", m.data_wait_s},
         {"memory/peak_rss_mib", m.peak_mem_mib},
         {"memory/fsdp_peak_bytes", double(m.mem_fsdp_peak)},
     };
@@ -671,6 +694,8 @@ class Trainer {
   std::unique_ptr<ParallelEngine> engine_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataPipeline> data_;
+  std::unique_ptr<BatchPrefetcher> prefetcher_;  // declared after data_: stopped before data_ is freed
+  double data_wait_s_ = 0;                       // seconds fetch_step waited for host batches, in all
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with logging.tensorboard
   std::unique_ptr<CheckpointManager> ckpt_;

@@ -52,6 +52,18 @@ mfsdp_hf_run(hf_gpt2_tp2_cp2_s1_n4 4 gpt2 distributed.tp_size=2 distributed.cp_s
 mfsdp_hf_run(hf_phi3_tp2_s3_n4 4 phi3 distributed.tp_size=2 distributed.zero_dp_strategy=3)
 list(APPEND hf_runs hf_llama_n1 hf_llama_s0_n4 hf_llama_s1_n2 hf_llama_s2_n4 hf_llama_tp2_s3_n4 hf_qwen2_tp2_s1_n4
      hf_qwen3_tp2_n2 hf_gemma_tp2_s3_n2 hf_gpt2_tp2_s3_n4 hf_gpt2_tp2_cp2_s1_n4 hf_phi3_tp2_s3_n4)
+# Families without a base_model_tp_plan, on mfsdp's own plans: StableLM and OPT (their traced
+# attention views q, k and v by constant head counts, made local; OPT's fc1 and fc2 work on the
+# tokens flattened to [B x T, H], which sequence parallelism gathers and scatters along dim 0).
+mfsdp_hf_run(hf_stablelm_s2_n2 2 stablelm distributed.zero_dp_strategy=2)
+mfsdp_hf_run(hf_stablelm_tp2_sp_s3_n4 4 stablelm distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_stablelm_cp2_n2 2 stablelm distributed.cp_size=2)
+mfsdp_hf_run(hf_opt_s3_n2 2 opt distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_opt_tp2_s1_n2 2 opt distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_opt_tp2_sp_s3_n4 4 opt distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_opt_cp2_n2 2 opt distributed.cp_size=2)
+list(APPEND hf_runs hf_stablelm_s2_n2 hf_stablelm_tp2_sp_s3_n4 hf_stablelm_cp2_n2 hf_opt_s3_n2 hf_opt_tp2_s1_n2
+     hf_opt_tp2_sp_s3_n4 hf_opt_cp2_n2)
 mfsdp_oracle(hf_families RUNS ${hf_runs})
 mfsdp_run_dirs(_dirs _fixtures ${hf_runs})
 set_tests_properties(oracle_hf_families PROPERTIES FIXTURES_REQUIRED "${_fixtures}")

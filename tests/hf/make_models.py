@@ -7,8 +7,8 @@ families, exported with scripts/export_hf.py (its main, in one process) as a use
 Llama with grouped-query attention; Mistral, and one with a sliding window of 8 tokens; Qwen2 (q/k/v biases, tied head); Qwen3 (q/k norms,
 an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
 GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
-gate_up: colwise_gather_output and rowwise_split_input, kept as colwise_rep and rowwise_rep); GPT-NeoX, Phi
-and Gemma 2 (below); and
+gate_up: colwise_gather_output and rowwise_split_input, kept as colwise_rep and rowwise_rep); GPT-NeoX, Phi,
+Gemma 2, StableLM and OPT (below); and
 three LoRA models wrapped by PEFT (llama_lora, qwen2_lora, gpt2_lora).
 """
 import contextlib
@@ -32,6 +32,12 @@ MODELS = {
     "gpt_neox": ["--family", "gpt_neox", "--set", *COMMON],
     "phi": ["--family", "phi", "--set", *COMMON],
     "gemma2": ["--family", "gemma2", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],
+    # No base_model_tp_plan in their configs (mfsdp's own plans, scripts/export_hf.py): StableLM
+    # (LayerNorm, partial rotary, constant head counts in its views); OPT (learned positions with an
+    # offset, a tied head, fc1/fc2 in the layer on flattened tokens, constant head counts).
+    "stablelm": ["--family", "stablelm", "--set", *COMMON, "num_key_value_heads=2"],
+    "opt": ["--family", "opt", "--set", "vocab_size=264", "hidden_size=64", "ffn_dim=128", "num_hidden_layers=2",
+            "num_attention_heads=4", "max_position_embeddings=128"],
 }
 # LoRA (PEFT) models: PEFT's default targets for Llama (q_proj, v_proj; v_proj of rank 2 and layer 1's
 # q_proj with alpha 16 by rank_pattern and alpha_pattern, and the output head trained in full:

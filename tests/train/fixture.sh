@@ -18,6 +18,9 @@ export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --trace --out "$out/gpt_traced.pt"
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --untied --out "$out/gpt_untied.pt"
 export_model --arch llama --layers 2 --d-model 64 --heads 4 --kv-heads 2 --vocab 264 --out "$out/llama.pt"
+# A vocabulary large against the layers (the embedding and the head each outweigh a layer, as in
+# real LLMs): the automatic units include them.
+export_model --arch llama --layers 2 --d-model 64 --heads 4 --kv-heads 2 --vocab 1024 --out "$out/llama_v1024.pt"
 export_model --arch gpt --layers 1 --d-model 32 --heads 2 --vocab 200 --max-seq 64 --out "$out/gpt_vocab200.pt"
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --no-tp-plan --out "$out/gpt_noplan.pt"
 # A model written apart from export_model.py, following only the README contract; its TP plan is
