@@ -1,11 +1,13 @@
 // Tensor-parallel building blocks at 1, 2 and 4 ranks: the vocab-parallel cross entropy equals the
-// full-vocabulary loss (values and gradients) without any rank holding the full logits, and the
+// full-vocabulary loss (values and gradients) without any rank holding the full logits, the chunked
+// cross entropy of the trainer equals ATen's, and the
 // sequence all-gather / reduce-scatter put every rank's chunk where it belongs.
 #include <ATen/ATen.h>
 
 #include "mpi_test_main.h"
 #include "comm/communicator.h"
 #include "comm/mpi_env.h"
+#include "parallel/cross_entropy.h"
 #include "parallel/tp_ops.h"
 
 using namespace mfsdp;
@@ -27,7 +29,10 @@ TEST_CASE("vocab-parallel cross entropy equals the full-vocabulary loss") {
   auto c = test::world("tp");
   const int n = c->size(), r = c->rank();
   Context ctx(*c);
-  const int64_t N = 37, V = 24 * 4;  // divisible by 1, 2 and 4 ranks
+  // Divisible by 1, 2 and 4 ranks; the second size spans several row chunks of
+  // cross_entropy_per_token (about 4M elements each on the CPU) on every rank count.
+  const bool chunked = GENERATE(false, true);
+  const int64_t N = chunked ? 300 : 37, V = chunked ? 60000 : 24 * 4;
   at::Generator gen = at::detail::createCPUGenerator(42);
   // Large logits (scale 30) exercise the max subtraction; the same values on every rank.
   at::Tensor full = at::randn({N, V}, gen, at::kFloat) * 30;
@@ -39,10 +44,11 @@ TEST_CASE("vocab-parallel cross entropy equals the full-vocabulary loss") {
 
   const int64_t Vl = V / (n > 1 ? n : 1);
   at::Tensor mine = full.narrow(1, r * Vl, Vl).clone().requires_grad_(true);
+  // One rank: the same function over a group of one (its all-reduces are identities).
   at::Tensor loss = n > 1 ? vocab_parallel_cross_entropy(mine, targets, r * Vl)
-                          : at::cross_entropy_loss(mine, targets, {}, at::Reduction::None);
+                          : cross_entropy_per_token(mine, targets, c.get(), 0);
   (loss * weights).sum().backward();
-  INFO("ranks " << n);
+  INFO("ranks " << n << ", " << N << " x " << V << " logits");
   CHECK(max_rel(loss.detach(), ref.detach()) < 1e-6);
   CHECK(max_rel(mine.grad(), full_leaf.grad().narrow(1, r * Vl, Vl)) < 1e-5);
   // Every rank got the same per-token loss.
@@ -67,6 +73,30 @@ TEST_CASE("bf16 logits: the loss is computed in fp32 and the gradient comes back
   CHECK(loss.scalar_type() == at::kFloat);
   CHECK(mine.grad().scalar_type() == at::kBFloat16);
   CHECK(max_rel(loss.detach(), ref) < 1e-6);
+}
+
+TEST_CASE("cross_entropy_per_token equals ATen's cross entropy, in several row chunks, fp32 and bf16") {
+  // 250 rows of 50000: 83 rows per chunk, so three chunks, the last one short.
+  const int64_t N = 250, V = 50000;
+  const auto dtype = GENERATE(at::kFloat, at::kBFloat16);
+  INFO(c10::toString(dtype));
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  at::Tensor logits = (at::randn({N, V}, gen, at::kFloat) * 8).to(dtype);
+  at::Tensor targets = at::randint(0, V, {N}, gen, at::kLong);
+  at::Tensor weights = at::rand({N}, gen, at::kFloat);
+  // The reference: what the trainer computed before (the logits in fp32, log_softmax + nll_loss).
+  at::Tensor ref_leaf = logits.clone().requires_grad_(true);
+  at::Tensor ref = at::cross_entropy_loss(ref_leaf.to(at::kFloat), targets, {}, at::Reduction::None);
+  (ref * weights).sum().backward();
+  at::Tensor leaf = logits.clone().requires_grad_(true);
+  at::Tensor loss = cross_entropy_per_token(leaf, targets);
+  (loss * weights).sum().backward();
+  CHECK(loss.scalar_type() == at::kFloat);
+  CHECK(leaf.grad().scalar_type() == dtype);
+  CHECK(max_rel(loss.detach(), ref.detach()) < 1e-6);
+  // bf16: both gradients are the same fp32 values rounded once to bf16, up to fp32 rounding of
+  // the softmax, which can move a value across a bf16 rounding boundary (one bf16 ulp, 2^-8).
+  CHECK(max_rel(leaf.grad().to(at::kFloat), ref_leaf.grad().to(at::kFloat)) < (dtype == at::kFloat ? 1e-5 : 1e-2));
 }
 
 TEST_CASE("all_gather_dim and reduce_scatter_dim along the sequence") {

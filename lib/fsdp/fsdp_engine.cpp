@@ -181,17 +181,39 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     if (strategy_ == 3 && b.unit >= 0 && b.pending == 1) release(b);
     {
       at::NoGradGuard ng;
-      if (!b.grad_full.defined()) {
-        b.grad_full = at::zeros({b.padded}, opt(gd_));
+      if (!b.grad_full.defined() && adoptable(b, info, g)) {
+        // A bucket of this one parameter, reduced every backward (strategies 2-3): autograd's
+        // gradient is the full-size buffer the reduce-scatter reads. No second buffer of the
+        // parameter's size and no copy: for an output head or an embedding table, the largest
+        // tensors of a step, that is their size off the step's peak.
+        b.grad_full = g.reshape({-1});
         track(b.padded * at::elementSize(gd_));
+      } else {
+        if (!b.grad_full.defined()) {
+          b.grad_full = at::zeros({b.padded}, opt(gd_));
+          track(b.padded * at::elementSize(gd_));
+        }
+        b.grad_full.narrow(0, info.offset, info.numel).add_(g.reshape({-1}));
       }
-      b.grad_full.narrow(0, info.offset, info.numel).add_(g.reshape({-1}));
     }
     p.tensor.mutable_grad() = at::Tensor();  // the main gradient holds it now
     if (--b.pending == 0) {
       if (d_.overlap_grad_reduce && (last_micro_ || strategy_ >= 2)) launch_reduce(b);
       retire_finished_reduces();
     }
+  }
+
+  // Whether autograd's gradient `g` can serve as bucket b's full gradient buffer: b holds only this
+  // parameter, unpadded, in the gradient dtype; the buffer lives for one backward (strategies 2-3;
+  // 0-1 accumulate micro-batches into it); `g` is contiguous and its storage is nobody else's (the
+  // reduction scales it in place). Two references are the expected count: AccumulateGrad stores a
+  // detached alias of the incoming gradient as .grad, and autograd's engine keeps the incoming one
+  // in the node's inputs until the post hooks (this call) have run, then drops it unread.
+  bool adoptable(const Bucket& b, const ParamInfo& info, const at::Tensor& g) const {
+    return strategy_ >= 2 && b.params.size() == 1 && info.offset == 0 && info.numel == b.padded &&
+           g.scalar_type() == gd_ && g.is_contiguous() && g.device() == dev_ && !g.is_sparse() &&
+           g.storage_offset() == 0 && g.storage().use_count() <= 2 &&
+           g.storage().nbytes() == size_t(b.padded) * at::elementSize(gd_);
   }
 
   // Strategies 2-3: a finished reduce-scatter's full-size gradient buffer is freed at once (its

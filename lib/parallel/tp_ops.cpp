@@ -8,6 +8,7 @@
 
 #include "comm/communicator.h"
 #include "comm/flight_recorder.h"
+#include "parallel/cross_entropy.h"
 
 namespace mfsdp {
 namespace {
@@ -120,42 +121,6 @@ at::Tensor tp_vocab_ids(const at::Tensor& ids, int64_t start, int64_t end) {
   return active() ? (ids - start).clamp(0, end - start - 1) : ids;
 }
 
-// ------------------------------------------------------------------------------- vocab-parallel CE
-struct VocabParallelCE : public torch::autograd::Function<VocabParallelCE> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets, int64_t start) {
-    Communicator& c = *g_tp.load();
-    FlightTag tag("vocab-parallel cross entropy");
-    const int64_t V = logits.size(1);
-    at::Tensor x = logits.to(at::kFloat);
-    at::Tensor m = std::get<0>(x.max(1)).contiguous();
-    c.all_reduce(m, ReduceOp::kMax);
-    at::Tensor shifted = x - m.unsqueeze(1);
-    at::Tensor e = shifted.exp();
-    at::Tensor sum_exp = e.sum(1).contiguous();
-    at::Tensor local = targets - start;
-    at::Tensor mine = (local >= 0).logical_and(local < V);
-    at::Tensor idx = local.clamp(0, V - 1);
-    at::Tensor target_logit = shifted.gather(1, idx.unsqueeze(1)).squeeze(1).masked_fill(mine.logical_not(), 0).contiguous();
-    // One all-reduce for both sums.
-    at::Tensor both = at::stack({sum_exp, target_logit}).contiguous();
-    c.all_reduce(both, ReduceOp::kSum);
-    sum_exp = both[0];
-    ctx->saved_data["softmax"] = e / sum_exp.unsqueeze(1);
-    ctx->saved_data["idx"] = idx;
-    ctx->saved_data["mine"] = mine;
-    ctx->saved_data["dtype"] = int64_t(logits.scalar_type());
-    return sum_exp.log() - both[1];
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list g) {
-    at::Tensor grad = ctx->saved_data["softmax"].toTensor().clone();
-    at::Tensor idx = ctx->saved_data["idx"].toTensor(), mine = ctx->saved_data["mine"].toTensor();
-    grad.scatter_add_(1, idx.unsqueeze(1), -mine.to(grad.scalar_type()).unsqueeze(1));
-    grad.mul_(g[0].unsqueeze(1));
-    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    return {grad.to(dtype), at::Tensor(), at::Tensor()};
-  }
-};
-
 }  // namespace
 
 void set_tp_context(Communicator* tp, bool sequence_parallel) {
@@ -195,7 +160,7 @@ at::Tensor reduce_scatter_dim(Communicator& c, const at::Tensor& x, int64_t dim)
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start) {
   if (!active()) throw std::logic_error("vocab_parallel_cross_entropy without a tensor-parallel group");
-  return VocabParallelCE::apply(logits, targets, vocab_start);
+  return cross_entropy_per_token(logits, targets, g_tp.load(), vocab_start);
 }
 
 }  // namespace mfsdp

@@ -40,6 +40,7 @@
 #include "optim/optimizer.h"
 #include "parallel/context_parallel.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/cross_entropy.h"
 #include "parallel/tp_ops.h"
 #include "train/metrics.h"
 #include "train/system.h"
@@ -449,8 +450,10 @@ class Trainer {
     // the shards (max and sum-exp reduced across TP), never on a full [tokens, vocab] tensor.
     at::Tensor ce = tp_->logits_sharded()
                         ? vocab_parallel_cross_entropy(logits.reshape({-1, V}), b.targets.reshape({-1}), tp_->vocab_start(V))
-                        : at::cross_entropy_loss(logits.to(at::kFloat).reshape({-1, V}), b.targets.reshape({-1}), {},
-                                                 at::Reduction::None);
+                        : cross_entropy_per_token(logits.reshape({-1, V}), b.targets.reshape({-1}));
+    // The loss holds the logits for its backward; this handle would keep them alive beside the
+    // gradient of the output head, the largest moment of the backward (DESIGN.md section 7, step 3).
+    logits = at::Tensor();
     at::Tensor mask = b.loss_mask.reshape({-1});
     at::Tensor masked_sum = (ce * mask).sum();
     LossSums out{masked_sum.detach().to(at::kDouble), micro_tokens};

@@ -1,0 +1,97 @@
+// cross_entropy.h: the output loss, in row chunks, with an optional vocabulary-parallel group.
+#include "parallel/cross_entropy.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+
+#include "comm/communicator.h"
+#include "comm/flight_recorder.h"
+
+namespace mfsdp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows per chunk: about 16 MiB of fp32 temporaries on the CPU (they stay in the caches' reach of
+// the allocator and cost nothing to split), 256 MiB on a GPU (few enough kernel launches to be
+// negligible beside the head's matmul, still a fraction of a large vocabulary's logits).
+int64_t chunk_rows(const at::Tensor& logits) {
+  const int64_t elems = logits.is_cuda() ? (int64_t(1) << 26) : (int64_t(1) << 22);
+  return std::max<int64_t>(1, elems / std::max<int64_t>(1, logits.size(1)));
+}
+
+void for_chunks(const at::Tensor& logits, const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t n = logits.size(0), step = chunk_rows(logits);
+  for (int64_t r = 0; r < n; r += step) fn(r, std::min(step, n - r));
+}
+
+struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
+                            Communicator* group, int64_t start) {
+    const int64_t n = logits.size(0), v = logits.size(1);
+    const auto f32 = logits.options().dtype(at::kFloat);
+    at::Tensor lse = at::empty({n}, f32);
+    at::Tensor idx = targets, mine;  // the target's column here; whether this rank holds it
+    if (group) {
+      at::Tensor local = targets - start;
+      mine = local.ge(0).logical_and(local.lt(v));
+      idx = local.clamp(0, v - 1);
+    }
+    at::Tensor target_logit = logits.gather(1, idx.unsqueeze(1)).squeeze(1).to(at::kFloat);
+    if (!group) {
+      for_chunks(logits, [&](int64_t r, int64_t k) { lse.narrow(0, r, k).copy_(logits.narrow(0, r, k).to(at::kFloat).logsumexp(1)); });
+    } else {
+      // The global maximum first (exp of the shifted logits cannot overflow), then one all-reduce
+      // for both the sums of exponentials and the target logits (zero where another rank holds it).
+      FlightTag tag("vocab-parallel cross entropy");
+      at::Tensor m = at::empty({n}, f32);
+      for_chunks(logits, [&](int64_t r, int64_t k) { m.narrow(0, r, k).copy_(std::get<0>(logits.narrow(0, r, k).to(at::kFloat).max(1))); });
+      group->all_reduce(m, ReduceOp::kMax);
+      at::Tensor both = at::empty({2, n}, f32);
+      for_chunks(logits, [&](int64_t r, int64_t k) {
+        both[0].narrow(0, r, k).copy_((logits.narrow(0, r, k).to(at::kFloat) - m.narrow(0, r, k).unsqueeze(1)).exp_().sum(1));
+      });
+      both[1].copy_(target_logit.masked_fill(mine.logical_not(), 0));
+      group->all_reduce(both, ReduceOp::kSum);
+      lse = m + both[0].log();
+      target_logit = both[1];
+    }
+    ctx->save_for_backward({logits, lse});
+    ctx->saved_data["idx"] = idx;
+    if (mine.defined()) ctx->saved_data["mine"] = mine;
+    return lse - target_logit;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& logits = saved[0];
+    const at::Tensor& lse = saved[1];
+    const at::Tensor idx = ctx->saved_data["idx"].toTensor();
+    // d loss_i / d logit_ij = softmax_ij - [j == target_i]; onehot only where this rank holds it.
+    at::Tensor onehot = at::ones({logits.size(0), 1}, lse.options());
+    if (ctx->saved_data.count("mine")) onehot = ctx->saved_data["mine"].toTensor().to(at::kFloat).unsqueeze(1);
+    const at::Tensor g = grads[0].to(at::kFloat);
+    at::Tensor grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
+    for_chunks(logits, [&](int64_t r, int64_t k) {
+      at::Tensor p = (logits.narrow(0, r, k).to(at::kFloat) - lse.narrow(0, r, k).unsqueeze(1)).exp_();
+      p.scatter_add_(1, idx.narrow(0, r, k).unsqueeze(1), -onehot.narrow(0, r, k));
+      p.mul_(g.narrow(0, r, k).unsqueeze(1));
+      grad.narrow(0, r, k).copy_(p);
+    });
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor cross_entropy_per_token(const at::Tensor& logits, const at::Tensor& targets, Communicator* vocab_group,
+                                   int64_t vocab_start) {
+  return ChunkedCrossEntropy::apply(logits, targets, vocab_group, vocab_start);
+}
+
+}  // namespace mfsdp
