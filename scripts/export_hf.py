@@ -30,7 +30,10 @@ What the file holds:
     kept, colwise_gather_output and rowwise_split_input as colwise_rep and rowwise_rep; GPT-2, whose
     config has none, gets BUILTIN_TP_PLANS), plus a vocab-parallel embedding and a colwise output
     head; styles mfsdp cannot apply drop the plan, with a note;
-  - mfsdp/hf_export.json: the family, the class, the transformers and torch versions;
+  - mfsdp/hf_export.json: the family, the class, the transformers and torch versions, and the
+    config's attention window (sliding window, attention chunk, or a layer kind that is no softmax
+    attention; attention_window), which mfsdp's context parallelism refuses when it is shorter than
+    the sequence;
   - with LoRA: the PeftModel itself (PEFT's names, base_model.model.model.layers.N...q_proj.lora_A.default
     .weight), mfsdp/trainable.json (the parameters PEFT leaves trainable: mfsdp's default
     model.trainable) and mfsdp/adapter_config.json (PEFT's, for `mfsdp export --only-trainable`).
@@ -40,10 +43,18 @@ What the file holds:
 The trace is checked: the traced model and the HF model give the same logits on a batch of another
 shape than the one traced (a shape baked into the trace fails the export).
 
+Custom autograd Functions (BLOOM's GeLUFunction: a hand-written backward of its tanh GELU) cannot be
+saved in TorchScript (the tracer records them as a Python call). They are traced through their
+forward (inline_autograd_functions), so mfsdp differentiates the forward's own operations; that is
+the same training only if the Function's backward is its forward's derivative, so the export then
+compares every parameter's gradient of the traced model with the HF model's (its own backward) on
+the trace batch and fails, naming the Functions, where they differ.
+
 Dropout: a trace fixes the train/eval mode of dropout, so every dropout probability in the config is
 set to 0 (printed); the oracle and `export --format hf` see the same zeros.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -99,6 +110,106 @@ BUILTIN_TP_PLANS = {
             "decoder.layers.*.self_attn.v_proj": "colwise", "decoder.layers.*.self_attn.out_proj": "rowwise",
             "decoder.layers.*.fc1": "colwise", "decoder.layers.*.fc2": "rowwise"},
 }
+
+
+class _TraceCtx:
+    """A stand-in for an autograd Function's ctx while its forward is traced: what the forward saves
+    for its backward is dropped (the trace's autograd differentiates the forward's own ops)."""
+    needs_input_grad = ()
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+@contextlib.contextmanager
+def inline_autograd_functions(used):
+    """Within the block, Function.apply runs the Function's forward directly (recording its
+    operations in a trace) and adds the Function's name to `used`."""
+    import torch
+    from torch.autograd.function import Function, _SingleLevelFunction
+    saved = Function.__dict__["apply"]
+
+    def apply(cls, *args, **kwargs):
+        used.add(cls.__qualname__)
+        if cls.setup_context is not _SingleLevelFunction.setup_context:  # forward without ctx
+            return cls.forward(*args, **kwargs)
+        return cls.forward(_TraceCtx(), *args, **kwargs)
+
+    Function.apply = classmethod(apply)
+    try:
+        yield
+    finally:
+        Function.apply = saved
+
+
+def check_inlined_gradients(model, traced, tokens, pos, used):
+    """The traced model's parameter gradients (autograd through the inlined forwards) against the
+    HF model's (the Functions' own backwards), on the trace batch; exits naming the Functions."""
+    import torch
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def grads(fn):
+        for p in params:
+            p.grad = None
+        fn(tokens, pos).float().square().mean().backward()
+        return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+    ref = grads(model)
+    got = grads(traced)
+    worst = max(((g - r).abs().max() / r.abs().max().clamp_min(1e-12)).item() for g, r in zip(got, ref))
+    for p in params:
+        p.grad = None
+    if worst > 1e-4:
+        sys.exit(f"export_hf: {', '.join(sorted(used))}: custom autograd Function(s) whose backward is not "
+                 f"their forward's derivative (traced gradients differ from the model's by {worst:.2e} "
+                 "relative): TorchScript cannot hold them; export the model by hand (README \"Model contract\")")
+    return worst
+
+
+def attention_window(cfg):
+    """What of the config restricts attention below the whole causal sequence, for mfsdp's context
+    parallelism (which replaces each sdpa call by causal attention over the whole sequence): the
+    shortest sliding window or attention chunk of any layer, or size 0 for layers whose sequence
+    mixing is no softmax attention (Qwen3-Next's linear attention). None when every layer attends
+    causally to the whole sequence."""
+    types_ = getattr(cfg, "layer_types", None)
+    found = []  # (size, layers, source)
+    if types_:
+        for kind in sorted(set(types_) - {"full_attention"}):
+            idx = [i for i, t in enumerate(types_) if t == kind]
+            layers = f"layers {', '.join(map(str, idx[:6]))}{', ...' if len(idx) > 6 else ''}"
+            if kind == "sliding_attention" and getattr(cfg, "sliding_window", None):
+                found.append((int(cfg.sliding_window), layers, f"layer_types {kind}, sliding_window {cfg.sliding_window}"))
+            elif kind == "chunked_attention" and getattr(cfg, "attention_chunk_size", None):
+                found.append((int(cfg.attention_chunk_size), layers,
+                              f"layer_types {kind}, attention_chunk_size {cfg.attention_chunk_size}"))
+            else:
+                found.append((0, layers, f"layer_types {kind}"))
+    else:
+        sw = getattr(cfg, "sliding_window", None)
+        if sw and getattr(cfg, "use_sliding_window", True) is not False:
+            found.append((int(sw), "every layer", f"sliding_window {sw}"))
+        chunk = getattr(cfg, "attention_chunk_size", None)
+        if chunk:
+            found.append((int(chunk), "every layer", f"attention_chunk_size {chunk}"))
+        kinds = getattr(cfg, "attention_layers", None)  # GPT-Neo: global / local per layer
+        if kinds and "local" in kinds and getattr(cfg, "window_size", None):
+            idx = [i for i, t in enumerate(kinds) if t == "local"]
+            found.append((int(cfg.window_size), f"layers {', '.join(map(str, idx))}", f"attention_types local, "
+                          f"window_size {cfg.window_size}"))
+    if not found:
+        return None
+    size, layers, source = min(found, key=lambda f: f[0])
+    return {"size": size, "layers": layers, "source": source}
 
 
 def builtin_plan_refused(config):
@@ -415,7 +526,8 @@ def main(argv=None):
     T = args.trace_len
     tokens = torch.randint(0, V, (2, T), generator=g)
     pos = torch.arange(T).unsqueeze(0).expand(2, T).contiguous()
-    with torch.no_grad():
+    inlined = set()
+    with torch.no_grad(), inline_autograd_functions(inlined):
         traced = torch.jit.trace(model, (tokens, pos), check_trace=False)
         # Another batch size and length than traced: a size the trace baked in shows here.
         T2 = T + 8
@@ -427,6 +539,10 @@ def main(argv=None):
         sys.exit(f"export_hf: the trace of {type(model).__name__} does not generalise to another batch shape "
                  f"(max difference {diff}): this family computes with a traced constant; export it by hand "
                  "(README \"Model contract\")")
+    if inlined:
+        worst = check_inlined_gradients(model, traced, tokens, pos, inlined)
+        print(f"export_hf: custom autograd Function(s) {', '.join(sorted(inlined))} traced through their "
+              f"forward; gradients equal the model's own backward within {worst:.1e} relative", file=sys.stderr)
 
     if args.tp_plan == "none":
         plan, note = None, "no tensor-parallel plan (--tp-plan none)"
@@ -445,7 +561,8 @@ def main(argv=None):
             "peft": adapter_config is not None,
             "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
             "source": os.path.abspath(args.model_dir) if args.model_dir else None,
-            "weights": "random" if (args.random_init or not args.model_dir) else "model directory"}, indent=1),
+            "weights": "random" if (args.random_init or not args.model_dir) else "model directory",
+            "attention_window": attention_window(cfg)}, indent=1),
     }
     if plan:
         extra["mfsdp/tp_plan.json"] = json.dumps(plan, indent=1)

@@ -72,3 +72,29 @@ TEST_CASE("bf16 inputs: fp32 inside, bf16 out and back") {
   CHECK(max_rel(out.to(at::kFloat), mine(reference(q.to(at::kFloat), q.to(at::kFloat), q.to(at::kFloat)), r, C)) < 1e-2);
   set_cp_context(nullptr);
 }
+
+TEST_CASE("grouped-query and multi-query keys/values: each shared head serves its group of query heads") {
+  auto c = test::world("cp");
+  const int64_t C = c->size(), r = c->rank();
+  for (int64_t Hk : {1, 2}) {
+    set_cp_context(c.get(), Hk == 2);
+    INFO("ranks " << C << ", " << Hk << " key/value heads of 4");
+    at::Generator gen = at::detail::createCPUGenerator(5);
+    const int64_t B = 2, H = 4, T = 4 * C * 2, D = 8;
+    at::Tensor q = at::randn({B, H, T, D}, gen, at::kFloat), k = at::randn({B, Hk, T, D}, gen, at::kFloat);
+    at::Tensor v = at::randn({B, Hk, T, D}, gen, at::kFloat), w = at::randn({B, H, T, D}, gen, at::kFloat);
+    at::Tensor qr = q.clone().requires_grad_(true), kr = k.clone().requires_grad_(true), vr = v.clone().requires_grad_(true);
+    // The reference repeats the shared heads by hand: query head h reads key/value head h / (H / Hk).
+    at::Tensor ref = reference(qr, kr.repeat_interleave(H / Hk, 1), vr.repeat_interleave(H / Hk, 1));
+    (ref * w).sum().backward();
+    at::Tensor ql = mine(q, r, C).requires_grad_(true), kl = mine(k, r, C).requires_grad_(true), vl = mine(v, r, C).requires_grad_(true);
+    at::Tensor out = cp_attention(ql, kl, vl);
+    (out * mine(w, r, C)).sum().backward();
+    CHECK(kl.grad().sizes() == kl.sizes());
+    CHECK(max_rel(out.detach(), mine(ref.detach(), r, C)) < 1e-5);
+    CHECK(max_rel(ql.grad(), mine(qr.grad(), r, C)) < 1e-4);
+    CHECK(max_rel(kl.grad(), mine(kr.grad(), r, C)) < 1e-4);
+    CHECK(max_rel(vl.grad(), mine(vr.grad(), r, C)) < 1e-5);
+  }
+  set_cp_context(nullptr);
+}

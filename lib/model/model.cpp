@@ -57,7 +57,8 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   m.on_meta_ = on_meta;
   m.device_ = device;
   try {
-    torch::jit::ExtraFilesMap extra{{"mfsdp/tp_plan.json", ""}, {"mfsdp/trainable.json", ""}};
+    torch::jit::ExtraFilesMap extra{{"mfsdp/tp_plan.json", ""}, {"mfsdp/trainable.json", ""},
+                                    {"mfsdp/hf_export.json", ""}};
     if (on_meta) {
       SkeletonStats st;
       m.module_ = load_skeleton(path, extra, &st);
@@ -71,6 +72,7 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
     }
     m.stored_tp_plan_ = extra["mfsdp/tp_plan.json"];
     m.stored_trainable_ = extra["mfsdp/trainable.json"];
+    m.stored_hf_export_ = extra["mfsdp/hf_export.json"];
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     throw UserError(path + ": cannot load this TorchScript model (model.path): " + what.substr(0, what.find('\n')));

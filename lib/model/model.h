@@ -68,6 +68,9 @@ class Model {
   // The parameters the exporter marked trainable (extra file "mfsdp/trainable.json", a JSON list of
   // names: a PEFT model's adapters), or "" when it has none.
   const std::string& stored_trainable() const { return stored_trainable_; }
+  // What scripts/export_hf.py recorded of a Hugging Face export (extra file "mfsdp/hf_export.json":
+  // family, class, attention implementation, attention_window), or "" for other models.
+  const std::string& stored_hf_export() const { return stored_hf_export_; }
   // Applies model.trainable / model.frozen (and the stored list when model.trainable is not set):
   // frozen parameters stop requiring gradients. Call after every step that replaces parameter
   // tensors (cast, tensor parallelism), before the engine is built. Throws a ConfigError for a glob
@@ -111,6 +114,7 @@ class Model {
   c10::Device device_{c10::kCPU};
   std::string stored_tp_plan_;
   std::string stored_trainable_;
+  std::string stored_hf_export_;
 };
 
 // PEFT's names in a model file (export_hf.py wraps the transformers model in a PeftModel):

@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/library.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <cstdio>
@@ -502,7 +503,10 @@ class ContextParallelImpl final : public ContextParallel {
                         "softmax(QK^T/sqrt(d))V with a causal mask is a submodule of its own, "
                         "forward(q, k, v) on [batch, heads, seq, head_dim] (README \"Model contract\"). The model's modules:\n" +
                         model.module_tree());
-    if (core_types.empty()) core_paths_ = {fmt::format("aten::scaled_dot_product_attention in {}", sdpa_where_)};
+    if (core_types.empty()) {
+      core_paths_ = {fmt::format("aten::scaled_dot_product_attention in {}", sdpa_where_)};
+      refuse_local_attention(model, cfg);
+    }
     if (replaced_ == 0)
       throw ConfigError(cfg.where("distributed.core_attention_modules") + ": the attention-core modules (" +
                         core_paths_.front() + ", ...) are never called through their forward in the model's graphs");
@@ -562,7 +566,9 @@ class ContextParallelImpl final : public ContextParallel {
   // Each aten::scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale[, enable_gqa])
   // becomes mfsdp::cp_sdpa(q, k, v, mask, scale, where) when its arguments say causal attention:
   // dropout_p the constant 0, is_causal a constant (true with no mask; false with a mask that
-  // cp_sdpa checks to be causal when it runs), enable_gqa false, scale a constant or None.
+  // cp_sdpa checks to be causal when it runs), enable_gqa a constant, scale a constant or None.
+  // Fewer key/value heads than query heads (enable_gqa, or one head broadcast) are repeated by
+  // cp_attention.
   void replace_sdpa(torch::jit::Block* block, const std::string& where) {
     static const c10::Symbol sdpa = c10::Symbol::fromQualString("aten::scaled_dot_product_attention");
     for (auto it = block->nodes().begin(); it != block->nodes().end();) {
@@ -588,7 +594,7 @@ class ContextParallelImpl final : public ContextParallel {
       if (!scale || !(scale->isNone() || scale->isDouble())) bad("takes its scale from a value computed at run time");
       if (node->inputs().size() > 7) {
         auto gqa = constant(node->input(7));
-        if (!gqa || !gqa->isBool() || gqa->toBool()) bad("uses enable_gqa (repeat the key/value heads before it)");
+        if (!gqa || !gqa->isBool()) bad("takes enable_gqa from a value computed at run time");
       }
       torch::jit::Graph& g = *node->owningGraph();
       torch::jit::WithInsertPoint guard(node);
@@ -600,6 +606,39 @@ class ContextParallelImpl final : public ContextParallel {
       node->destroy();
       if (replaced_++ == 0) sdpa_where_ = where;
     }
+  }
+
+  // A Hugging Face model whose layers attend within a window (sliding or chunked attention) shorter
+  // than the sequence cannot be made context parallel by replacing its sdpa calls: the blockwise
+  // attention is causal over the whole sequence. The mask check in cp_sdpa does not always see it:
+  // a rank holds two chunks of the sequence, and a window or attention chunk as long as a CP chunk
+  // builds the same mask as the one HF builds from CP's position ids (causal within each chunk). So
+  // the exporter's record of the config's window (mfsdp/hf_export.json attention_window) decides.
+  static void refuse_local_attention(const Model& model, const Config& cfg) {
+    if (model.stored_hf_export().empty()) return;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(model.stored_hf_export());
+    } catch (const std::exception&) {
+      return;  // checkpoint export reports a broken record; nothing here depends on the rest of it
+    }
+    auto w = j.find("attention_window");
+    if (w == j.end() || !w->is_object() || !(*w)["size"].is_number_integer()) return;
+    const int64_t size = (*w)["size"].get<int64_t>();
+    const std::string layers = (*w).value("layers", std::string("its layers"));
+    const std::string source = (*w).value("source", std::string("the model's config"));
+    if (size <= 0)
+      throw ConfigError(cfg.where("distributed.cp_size") +
+                        fmt::format(": context parallelism splits the sequence and replaces {}'s attention calls, but "
+                                    "its config gives {} a sequence mixing that is no softmax attention ({}), which "
+                                    "would then see only this rank's chunks; train it without CP",
+                                    model.path(), layers, source));
+    if (size >= cfg.training.seq_length) return;
+    throw ConfigError(cfg.where("distributed.cp_size") +
+                      fmt::format(": context parallelism replaces {}'s attention by causal attention over the whole "
+                                  "sequence, but its config restricts {} to a window of {} tokens ({}), shorter than "
+                                  "training.seq_length {}; train it without CP, or with a sequence no longer than the window",
+                                  model.path(), layers, size, source, cfg.training.seq_length));
   }
 
   Model& model_;
@@ -621,10 +660,21 @@ void set_cp_context(Communicator* cp, bool ring) {
 at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
   if (scale <= 0) scale = 1.0 / std::sqrt(double(q.size(3)));
   Communicator* c = g_cp.load();
+  // Grouped-query and multi-query attention (Falcon's single key/value head, sdpa's enable_gqa):
+  // key/value head j serves query heads j*G .. j*G+G-1, so the heads are repeated G times in place
+  // (repeat_interleave; its backward sums each group's gradients back onto the shared head). The
+  // blockwise attention then runs on equal shapes; the cost is G times the keys/values gathered
+  // over CP (a group-aware gather is not written yet).
+  if (q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && k.size(1) != q.size(1) &&
+      k.size(1) > 0 && q.size(1) % k.size(1) == 0 && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
+      k.size(3) == q.size(3)) {
+    const int64_t groups = q.size(1) / k.size(1);
+    return cp_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scale);
+  }
   if (!c) return local_attention(q, k, v, scale);
   if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
     throw UserError(fmt::format("context parallel attention: q, k, v must be [batch, heads, seq, head_dim] of one shape, "
-                                "got [{}], [{}], [{}] (repeat key/value heads before the core for grouped-query attention)",
+                                "got [{}], [{}], [{}] (keys and values may have fewer heads only if theirs divide the queries')",
                                 fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", ")));
   if (q.size(2) % 2 != 0) throw UserError("context parallel attention: the local sequence must hold two equal chunks");
   return g_ring.load() ? RingCpAttention::apply(q, k, v, scale) : CpAttention::apply(q, k, v, scale);
