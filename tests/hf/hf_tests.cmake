@@ -64,6 +64,21 @@ mfsdp_hf_run(hf_opt_tp2_sp_s3_n4 4 opt distributed.tp_size=2 distributed.sequenc
 mfsdp_hf_run(hf_opt_cp2_n2 2 opt distributed.cp_size=2)
 list(APPEND hf_runs hf_stablelm_s2_n2 hf_stablelm_tp2_sp_s3_n4 hf_stablelm_cp2_n2 hf_opt_s3_n2 hf_opt_tp2_s1_n2
      hf_opt_tp2_sp_s3_n4 hf_opt_cp2_n2)
+# Families from the sweep of held-out ones (tests/hf/make_models.py): BLOOM's ALiBi and traced
+# custom GELU, Falcon's multi-query attention under CP (its one key/value head repeated), Mixtral's
+# sparse MoE, Llama 4's chunked attention and MoE, OLMo 2's q/k norms over all heads under TP
+# (replicated_with_grad_allreduce is not enough there: its plan gathers them) with SP and CP.
+mfsdp_hf_run(hf_bloom_s3_n2 2 bloom distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_bloom_s1_n4 4 bloom distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_falcon_cp2_s3_n2 2 falcon distributed.cp_size=2 distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_falcon_cp2_p2p_s0_n4 4 falcon distributed.cp_size=2 distributed.cp_comm_type=p2p distributed.zero_dp_strategy=0)
+mfsdp_hf_run(hf_mixtral_s3_n4 4 mixtral distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_mixtral_cp2_s2_n2 2 mixtral distributed.cp_size=2 distributed.zero_dp_strategy=2)
+mfsdp_hf_run(hf_llama4_text_s2_n2 2 llama4_text distributed.zero_dp_strategy=2)
+mfsdp_hf_run(hf_olmo2_tp2_sp_s3_n4 4 olmo2 distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_olmo2_tp2_cp2_s1_n4 4 olmo2 distributed.tp_size=2 distributed.cp_size=2 distributed.zero_dp_strategy=1)
+list(APPEND hf_runs hf_bloom_s3_n2 hf_bloom_s1_n4 hf_falcon_cp2_s3_n2 hf_falcon_cp2_p2p_s0_n4 hf_mixtral_s3_n4
+     hf_mixtral_cp2_s2_n2 hf_llama4_text_s2_n2 hf_olmo2_tp2_sp_s3_n4 hf_olmo2_tp2_cp2_s1_n4)
 mfsdp_oracle(hf_families RUNS ${hf_runs})
 mfsdp_run_dirs(_dirs _fixtures ${hf_runs})
 set_tests_properties(oracle_hf_families PROPERTIES FIXTURES_REQUIRED "${_fixtures}")
@@ -209,13 +224,38 @@ add_test(NAME hf_sequence_parallel_needs_gathered_blocks
                  distributed.tp_size=2 distributed.sequence_parallel=true "distributed.tp_plan=${_no_gather}")
 
 # What is not supported says so (never a silently wrong run): context parallelism of a
-# sliding-window model (its mask is not causal), TP of a family whose plan mfsdp cannot apply.
+# sliding-window model (by the window export_hf.py records from the config; for a file without
+# that record, by the mask the replaced sdpa call receives), TP of a family whose plan mfsdp cannot
+# apply.
 add_test(NAME hf_context_parallel_sliding_window_refused
-         COMMAND ${EXPECT} 2 "the scaled_dot_product_attention call in model.layers.0.self_attn.forward has an attention mask that is not causal" --
+         COMMAND ${EXPECT} 2 "restricts every layer to a window of 8 tokens \\(sliding_window 8\\), shorter than training.seq_length 32" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/mistral_sw.pt run_dir=${FX}/hf_cp
                  distributed.cp_size=2)
-set_tests_properties(hf_sequence_parallel_needs_gathered_blocks hf_context_parallel_sliding_window_refused PROPERTIES
+add_test(NAME hf_strip_attention_window
+         COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/strip_attention_window.py ${HFX}/mistral_sw.pt
+                 ${HFX}/mistral_sw_norecord.pt)
+set_tests_properties(hf_strip_attention_window PROPERTIES FIXTURES_REQUIRED hf_models FIXTURES_SETUP hf_mistral_sw_norecord)
+add_test(NAME hf_context_parallel_sliding_mask_refused
+         COMMAND ${EXPECT} 2 "the scaled_dot_product_attention call in model.layers.0.self_attn.forward has an attention mask that is not causal" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/mistral_sw_norecord.pt
+                 run_dir=${FX}/hf_cp_mask distributed.cp_size=2)
+# Llama 4's chunked attention: chunks of 8 tokens build the same mask on a rank's two 8-token CP
+# chunks as HF builds from CP's position ids, so only the recorded window can refuse it.
+add_test(NAME hf_context_parallel_chunked_attention_refused
+         COMMAND ${EXPECT} 2 "restricts layers 0, 1 to a window of 8 tokens \\(layer_types chunked_attention, attention_chunk_size 8\\)" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama4_text.pt run_dir=${FX}/hf_cp_chunked
+                 distributed.cp_size=2)
+set_tests_properties(hf_sequence_parallel_needs_gathered_blocks hf_context_parallel_sliding_window_refused
+                     hf_context_parallel_chunked_attention_refused PROPERTIES
                      FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
+set_tests_properties(hf_context_parallel_sliding_mask_refused PROPERTIES
+                     FIXTURES_REQUIRED "train;hf_models;hf_mistral_sw_norecord" PROCESSORS 2 TIMEOUT 120)
+# A custom autograd Function (BLOOM's GELU) traced through its forward, its gradients checked
+# against its own backward; one whose backward is not the derivative refused.
+add_test(NAME hf_export_custom_function
+         COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/check_inlined_functions.py ${PROJECT_SOURCE_DIR}
+                 ${FX}/hf_custom_function)
+set_tests_properties(hf_export_custom_function PROPERTIES TIMEOUT 300)
 add_test(NAME hf_export_unknown_family
          COMMAND ${EXPECT} 1 "model type 'lama' is not one transformers" --
                  ${MFSDP_PYTHON} ${PROJECT_SOURCE_DIR}/scripts/export_hf.py --family lama --out ${FX}/hf_bad.pt)

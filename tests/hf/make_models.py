@@ -8,7 +8,7 @@ Llama with grouped-query attention; Mistral, and one with a sliding window of 8 
 an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
 GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
 gate_up: colwise_gather_output and rowwise_split_input, kept as colwise_rep and rowwise_rep); GPT-NeoX, Phi,
-Gemma 2, StableLM and OPT (below); and
+Gemma 2, StableLM and OPT, BLOOM, Falcon, Mixtral, Llama 4 text and OLMo 2 (below); and
 three LoRA models wrapped by PEFT (llama_lora, qwen2_lora, gpt2_lora).
 """
 import contextlib
@@ -38,6 +38,19 @@ MODELS = {
     "stablelm": ["--family", "stablelm", "--set", *COMMON, "num_key_value_heads=2"],
     "opt": ["--family", "opt", "--set", "vocab_size=264", "hidden_size=64", "ffn_dim=128", "num_hidden_layers=2",
             "num_attention_heads=4", "max_position_embeddings=128"],
+    # Families added from a sweep of held-out ones (README "Hugging Face models"): BLOOM (ALiBi, eager
+    # attention, a custom autograd GELU traced through its forward), Falcon (multi-query attention:
+    # one key/value head, repeated for CP), Mixtral (a sparse MoE block, no TP plan), Llama 4 text
+    # (chunked attention and no-rope layers, MoE; CP refused by its recorded window), OLMo 2 (q/k
+    # norms over all heads, post-norm blocks, a TP plan from its config).
+    "bloom": ["--family", "bloom", "--set", "vocab_size=264", "hidden_size=64", "n_layer=2", "n_head=4"],
+    "falcon": ["--family", "falcon", "--set", "vocab_size=264", "hidden_size=64", "num_hidden_layers=2",
+               "num_attention_heads=4"],
+    "mixtral": ["--family", "mixtral", "--set", *COMMON, "num_key_value_heads=2", "num_local_experts=4",
+                "num_experts_per_tok=2"],
+    "llama4_text": ["--family", "llama4_text", "--set", *COMMON, "intermediate_size_mlp=128", "num_key_value_heads=2",
+                    "head_dim=16", "num_local_experts=2", "attention_chunk_size=8"],
+    "olmo2": ["--family", "olmo2", "--set", *COMMON, "num_key_value_heads=2"],
 }
 # LoRA (PEFT) models: PEFT's default targets for Llama (q_proj, v_proj; v_proj of rank 2 and layer 1's
 # q_proj with alpha 16 by rank_pattern and alpha_pattern, and the output head trained in full:
