@@ -134,7 +134,6 @@ class _TraceCtx:
 def inline_autograd_functions(used):
     """Within the block, Function.apply runs the Function's forward directly (recording its
     operations in a trace) and adds the Function's name to `used`."""
-    import torch
     from torch.autograd.function import Function, _SingleLevelFunction
     saved = Function.__dict__["apply"]
 
