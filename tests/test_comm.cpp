@@ -61,6 +61,50 @@ TEST_CASE("reduce_scatter sum/avg/max, every dtype") {
   }
 }
 
+// The MPI backend's reduce-scatter is a ring of point-to-point rounds (mpi_communicator.cpp):
+// in place (the output is this rank's block of the input), several in flight on one communicator
+// at once (their rounds must not match each other's messages) and large blocks, against
+// all_reduce; the input is left as it was.
+TEST_CASE("reduce_scatter in place, overlapping and large, against all_reduce") {
+  auto c = test::world("world");
+  const int n = c->size(), r = c->rank();
+  auto in = values(9 * n, r, at::kFloat);
+  auto ref = in.clone();
+  c->all_reduce(ref, ReduceOp::kSum);
+  auto mine = ref.slice(0, 9 * r, 9 * (r + 1));
+  auto buf = in.clone();
+  c->reduce_scatter(buf.slice(0, 9 * r, 9 * (r + 1)), buf, ReduceOp::kSum);
+  CHECK(same(buf.slice(0, 9 * r, 9 * (r + 1)), mine));
+  // Four reduce-scatters of different sizes in flight together, waited for newest first.
+  std::vector<at::Tensor> ins, outs, refs;
+  std::vector<WorkHandle> works;
+  for (int k = 0; k < 4; ++k) {
+    const int64_t m = (k + 1) * 1000 + k;
+    ins.push_back(values(m * n, r, at::kFloat, k));
+    outs.push_back(at::zeros({m}, at::kFloat));
+    auto full = ins.back().clone();
+    c->all_reduce(full, ReduceOp::kSum);
+    refs.push_back(full.slice(0, m * r, m * (r + 1)));
+  }
+  for (int k = 0; k < 4; ++k) works.push_back(c->reduce_scatter_async(outs[k], ins[k], ReduceOp::kSum));
+  for (int k = 3; k >= 0; --k) works[k]->wait();
+  for (int k = 0; k < 4; ++k) {
+    INFO("in flight together: " << k);
+    CHECK(same(outs[k], refs[k]));
+    CHECK(same(ins[k], values(ins[k].numel(), r, at::kFloat, k)));
+  }
+  // Blocks of 4 MiB (fp32) and of a bf16 gradient.
+  for (auto t : {at::kFloat, at::kBFloat16}) {
+    const int64_t m = int64_t(1) << 20;
+    auto big = values(m * n, r, t, 3);
+    auto full = big.clone();
+    c->all_reduce(full, ReduceOp::kSum);
+    auto out = at::empty({m}, t);
+    c->reduce_scatter(out, big, ReduceOp::kSum);
+    CHECK(same(out, full.slice(0, m * r, m * (r + 1))));
+  }
+}
+
 TEST_CASE("all_reduce sum/avg/max, every dtype") {
   auto c = test::world("world");
   const int n = c->size(), r = c->rank();

@@ -58,8 +58,9 @@ ProgressThread::~ProgressThread() {
   if (thread_.joinable()) thread_.join();
 }
 
-WorkHandle ProgressThread::submit_mpi(const char* what, QueuedWork::Start start, QueuedWork::Finish finish) {
-  auto work = std::make_shared<QueuedWork>(what, std::move(start), std::move(finish));
+WorkHandle ProgressThread::submit_mpi(const char* what, QueuedWork::Start start, QueuedWork::Finish finish,
+                                      QueuedWork::Next next) {
+  auto work = std::make_shared<QueuedWork>(what, std::move(start), std::move(finish), std::move(next));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) throw std::runtime_error("communication thread is shut down");
@@ -104,6 +105,20 @@ bool ProgressThread::poll(std::vector<std::shared_ptr<QueuedWork>>& started) {
     if (!err && !all) {
       ++it;
       continue;
+    }
+    if (!err && w.next_) {  // a round finished: start the next one, if any
+      w.requests_.clear();
+      bool more = false;
+      try {
+        more = w.next_(w.requests_);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      any = true;
+      if (!err && more) {
+        ++it;
+        continue;
+      }
     }
     w.complete(err);
     it = started.erase(it);

@@ -27,13 +27,17 @@ namespace mfsdp {
 // A collective handed to the progress thread: either nonblocking MPI calls (`start` appends the
 // requests it started; `finish(true)` runs once all completed, e.g. the division of an average,
 // `finish(false)` after a failure, where it must not throw), or a function run to its end at its
-// turn (`run`: the staged backend's wait for a device copy).
+// turn (`run`: the staged backend's wait for a device copy). A collective of several rounds (the
+// MPI backend's ring reduce-scatter) gives `next`: called each time all requests of a round have
+// completed, it reduces what arrived and starts the next round's requests, returning false once
+// there is none (then `finish` runs).
 class QueuedWork : public Work {
  public:
   using Start = std::function<void(std::vector<MPI_Request>&)>;
+  using Next = std::function<bool(std::vector<MPI_Request>&)>;
   using Finish = std::function<void(bool ok)>;
-  QueuedWork(const char* what, Start start, Finish finish)
-      : what_(what), start_(std::move(start)), finish_(std::move(finish)) {}
+  QueuedWork(const char* what, Start start, Finish finish, Next next = {})
+      : what_(what), start_(std::move(start)), next_(std::move(next)), finish_(std::move(finish)) {}
   explicit QueuedWork(std::function<void()> run) : run_(std::move(run)) {}
   void wait() override;
   bool is_completed() override;
@@ -43,6 +47,7 @@ class QueuedWork : public Work {
   void complete(std::exception_ptr err);  // on the progress thread
   const char* what_ = "";
   Start start_;
+  Next next_;
   Finish finish_;
   std::function<void()> run_;
   std::vector<MPI_Request> requests_;
@@ -65,7 +70,8 @@ class ProgressThread {
   // Joins the thread after finishing queued work; called before MPI_Finalize.
   static void shutdown();
   // Nonblocking MPI calls, started in submission order; `finish` runs after their completion.
-  WorkHandle submit_mpi(const char* what, QueuedWork::Start start, QueuedWork::Finish finish = {});
+  WorkHandle submit_mpi(const char* what, QueuedWork::Start start, QueuedWork::Finish finish = {},
+                        QueuedWork::Next next = {});
   // A function run to its end at its turn (the works submitted before it are started, not waited for).
   WorkHandle submit(std::function<void()> run);
   ~ProgressThread();
