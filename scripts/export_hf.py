@@ -27,7 +27,8 @@ What the file holds:
     PyTorch oracle (tests/oracle/reference_trainer.py trains the HF model from it);
   - mfsdp/tp_plan.json: the tensor-parallel plan derived from the config's base_model_tp_plan (its
     module globs under the base model's prefix; colwise, rowwise and replicated_with_grad_allreduce
-    kept, colwise_gather_output and rowwise_split_input as colwise_rep and rowwise_rep; GPT-2, whose
+    kept, colwise_gather_output and rowwise_split_input as colwise_rep and rowwise_rep, an MoE experts
+    module's moe_tp_experts (with its packed_colwise / rowwise 3-D weights) as moe_experts; GPT-2, whose
     config has none, gets BUILTIN_TP_PLANS), plus a vocab-parallel embedding and a colwise output
     head; styles mfsdp cannot apply drop the plan, with a note;
   - mfsdp/hf_export.json: the family, the class, the transformers and torch versions, and the
@@ -86,6 +87,11 @@ def parse_value(text):
 KEPT_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "replicated_with_grad_allreduce",
                "colwise_gather_output": "colwise_rep", "rowwise_split_input": "rowwise_rep",
                "embedding_rowwise": "vocab_parallel"}  # GPT-NeoX's embed_in: its rows (the vocabulary) split
+
+
+# The expert weights under an HF moe_tp_experts module, with the styles HF gives them, that mfsdp's
+# moe_experts splits the same way (every expert's intermediate dimension; gate_up in its two parts).
+MOE_EXPERT_WEIGHTS = (("gate_up_proj", "packed_colwise"), ("up_proj", "colwise"), ("down_proj", "rowwise"))
 
 
 # Plans for families whose config has no base_model_tp_plan, in mfsdp's styles, keyed like one
@@ -233,26 +239,56 @@ def derive_tp_plan(model):
         return None, f"{type(model.config).__name__} has no base_model_tp_plan: no tensor-parallel plan stored"
     prefix = model.base_model_prefix
     plan = {}
+    # Mixture-of-experts modules (HF's moe_tp_experts): the 3-D expert weights under it
+    # (packed_colwise gate_up_proj, rowwise down_proj) are mfsdp's moe_experts on the module.
+    experts = {key for key, style in base_plan.items() if style == "moe_tp_experts"}
     for key, style in base_plan.items():
         if builtin:
             plan[f"{prefix}.{key}"] = style
+            continue
+        if key in experts:
+            plan[f"{prefix}.{key}"] = "moe_experts"
+            continue
+        parent = key.rsplit(".", 1)[0]
+        if parent in experts:
+            if (key.rsplit(".", 1)[1], style) not in MOE_EXPERT_WEIGHTS:
+                return None, (f"base_model_tp_plan entry {key}: {style} inside the experts module {parent} is not "
+                              f"one mfsdp's moe_experts applies ({', '.join(f'{n}: {s}' for n, s in MOE_EXPERT_WEIGHTS)}): "
+                              "no tensor-parallel plan stored; give distributed.tp_plan")
             continue
         if style not in KEPT_STYLES:
             return None, (f"base_model_tp_plan entry {key}: {style} is not a style mfsdp applies (it keeps "
                           f"{', '.join(KEPT_STYLES)}): no tensor-parallel plan stored; give distributed.tp_plan")
         plan[f"{prefix}.{key}"] = KEPT_STYLES[style]
+    if experts:
+        # An MoE config's plan also names the dense MLP's projections (Qwen2-MoE's gate_proj, for
+        # layers in mlp_only_layers): where every layer is sparse they match no module, and are
+        # left out as transformers leaves them.
+        names = [n for n, _ in model.named_modules()]
+        for k in [k for k in plan if not any(glob_re(k).fullmatch(n) for n in names)]:
+            del plan[k]
     # Sequence parallelism (distributed.sequence_parallel): HF attention reads the sequence length
     # from its input, so each block holding colwise/rowwise layers (attention, MLP) works on the
     # gathered sequence (sequence_gathered), and the norms between them on this rank's part of it
     # (sequence_parallel: their gradients summed over TP). Without sequence parallelism both are no-ops.
     blocks = {key.rsplit(".", 1)[0] for key, style in base_plan.items()
               if style.split(":")[0] in ("colwise", "rowwise", "colwise_gather_output", "rowwise_split_input")
-              and "." in key}
+              and "." in key and key.rsplit(".", 1)[0] not in experts and (builtin or f"{prefix}.{key}" in plan)}
     # A block that holds another (OPT's decoder layer, parent of fc1 and fc2, holds its attention)
     # is not one: its input would be gathered twice and its middle rowwise layer would scatter it.
     blocks = {b for b in blocks if not any(o.startswith(b + ".") for o in blocks)}
     for blk in sorted(blocks):
         plan.setdefault(f"{prefix}.{blk}", "sequence_gathered")
+    # The router beside an experts module (and a shared expert, and its gate, where the config's
+    # plan leaves them replicated) runs on this rank's tokens: under sequence parallelism their
+    # gradients are partial, summed over TP.
+    moe_blocks = {f"{prefix}.{e.rsplit('.', 1)[0]}" for e in experts if "." in e}
+    for name, mod in model.named_modules():
+        glob = re.sub(r"\.\d+\.", ".*.", name)
+        if (any(glob.startswith(b + ".") for b in moe_blocks)
+                and any(True for _ in mod.parameters(recurse=False))
+                and not any(glob == p or glob.startswith(p + ".") for p in plan)):
+            plan[glob] = "sequence_parallel"
     for name, mod in model.named_modules():
         if "norm" not in type(mod).__name__.lower() or not any(True for _ in mod.parameters(recurse=False)):
             continue

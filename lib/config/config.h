@@ -32,6 +32,13 @@ const char* to_string(ZeroDpStrategy s);
 //                   its colwise layers take it as it is, and its rowwise output layer reduce-scatters
 //                   (RowwiseParallel(output_layouts=Shard(1))); without it, the block's input is
 //                   copied once at its call (its colwise layers' copy, and its gradient's reduction)
+//   moe_experts     a mixture-of-experts module holding every expert's weights as 3-D tensors, as
+//                   Hugging Face's experts modules do (HF's moe_tp_experts with packed_colwise
+//                   gate_up_proj and rowwise down_proj): each rank keeps every expert's slice of the
+//                   intermediate dimension (gate_up_proj [E, 2I, H] in its two packed parts,
+//                   down_proj [E, H, I]; or their transposes), its tensor inputs are copied to the TP
+//                   region (all-gathered along the tokens under sequence parallelism) and its
+//                   output, a partial sum, is all-reduced (reduce-scattered under SP)
 //   replicate       nothing sharded (overrides a broader glob)
 struct TpStyle {
   std::string kind;

@@ -130,7 +130,8 @@ void for_each_call(const std::string& path, const torch::jit::Module& m,
 std::string shape_str(const std::vector<int64_t>& s) { return "[" + fmt::format("{}", fmt::join(s, ", ")) + "]"; }
 
 bool style_splits_weight(const std::string& k) {
-  return k == "colwise" || k == "colwise_rep" || k == "rowwise" || k == "rowwise_rep" || k == "vocab_parallel";
+  return k == "colwise" || k == "colwise_rep" || k == "rowwise" || k == "rowwise_rep" || k == "vocab_parallel" ||
+         k == "moe_experts";
 }
 
 }  // namespace
@@ -216,7 +217,7 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
       a.parts[size_t(pi)] = parts;
     };
     const std::string& k = style.kind;
-    if (style_splits_weight(k)) {
+    if (style_splits_weight(k) && k != "moe_experts") {
       const int w = param_of("weight");
       if (w < 0 || model.params()[size_t(w)].tensor.dim() != 2)
         fail(e, fmt::format("module {} (class {}) has no 2-D parameter 'weight'; {} applies to Linear{} modules", nm.name,
@@ -234,6 +235,35 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
         assign(w, conv1d ? 1 : 0, style.parts);
         const int b = param_of("bias");
         if (b >= 0) assign(b, 0, style.parts);
+      }
+    } else if (k == "moe_experts") {
+      // Every expert's intermediate dimension split: the gate/up projection in its two packed parts
+      // (HF's packed_colwise), the down projection along its input. Layout from the shapes:
+      // gate_up_proj [E, 2I, H] with down_proj [E, H, I], or the transposes [E, H, 2I] / [E, I, H].
+      const int gu = param_of("gate_up_proj") >= 0 ? param_of("gate_up_proj") : param_of("up_proj");
+      const bool gated = param_of("gate_up_proj") >= 0;
+      const int dn = param_of("down_proj");
+      auto shape = [&](int pi) { return model.params()[size_t(pi)].tensor.sizes().vec(); };
+      if (gu < 0 || dn < 0 || shape(gu).size() != 3 || shape(dn).size() != 3)
+        fail(e, fmt::format("module {} (class {}) has no 3-D parameters gate_up_proj (or up_proj) and down_proj; "
+                            "moe_experts applies to experts modules that hold every expert's weights in one tensor",
+                            nm.name, unqualified_class_name(nm.value)));
+      const auto a_gu = shape(gu), a_dn = shape(dn);
+      const int64_t mult = gated ? 2 : 1;
+      int gu_dim = -1, dn_dim = -1;
+      if (a_gu[1] == mult * a_dn[2] && a_gu[2] == a_dn[1]) gu_dim = 1, dn_dim = 2;       // [E, 2I, H], [E, H, I]
+      else if (a_gu[2] == mult * a_dn[1] && a_gu[1] == a_dn[2]) gu_dim = 2, dn_dim = 1;  // [E, H, 2I], [E, I, H]
+      if (gu_dim < 0 || a_gu[0] != a_dn[0])
+        fail(e, fmt::format("module {}: the expert weights' shapes {} and {} are neither [E, {}I, H] / [E, H, I] nor "
+                            "their transposes", nm.name, shape_str(a_gu), shape_str(a_dn), gated ? "2" : ""));
+      assign(gu, gu_dim, gated ? std::vector<int64_t>{2} : std::vector<int64_t>{});
+      assign(dn, dn_dim, {});
+      for (const auto& p : direct) {
+        const int pi = by_name.at(nm.name + "." + p.name);
+        if (pi == gu || pi == dn) continue;
+        // A bias of the down projection would be added once per rank to the partial sums.
+        fail(e, fmt::format("module {} has parameter {} besides the expert weights (biases are not supported "
+                            "by moe_experts)", nm.name, p.name));
       }
     } else if (k == "replicated_with_grad_allreduce") {
       // Hugging Face's name (Qwen3's q_norm/k_norm): replicated weights applied to this rank's part
@@ -640,6 +670,7 @@ class TensorParallelImpl final : public TensorParallel {
     if (arg == 0) throw UserError(path + ": a " + style.kind + " module must take a Tensor argument");
     Value* x = node->input(arg);
     const std::string& k = style.kind;
+    if (k == "moe_experts") return rewrite_experts_call(node, path);
     if (k == "rowwise_rep") {
       // rowwise on a replicated input (HF's rowwise_split_input, after a colwise_rep layer): this
       // rank's slice of the input features first, whose gradient is all-gathered back.
@@ -705,6 +736,34 @@ class TensorParallelImpl final : public TensorParallel {
       node->output()->replaceAllUsesWith(y);
       node->destroy();
     }
+  }
+
+  // An experts module's call: each Tensor argument (the tokens' hidden states, the routing
+  // weights, the chosen experts' ids) through tp_copy -- the identity forward and, for the
+  // differentiable ones, the sum of the ranks' partial gradients backward; under sequence
+  // parallelism the tokens of the whole TP group all-gathered (the module's inputs are flattened
+  // [tokens, ...], gathered rank by rank, which token-wise experts do not see) -- and its output,
+  // each rank's partial sum over its slice of the intermediate dimension, through tp_reduce
+  // (all-reduced; reduce-scattered back to this rank's tokens under SP). The router before it runs
+  // replicated on this rank's tokens: its gradients are summed over TP under SP (sequence_parallel
+  // in the plan). Inside a sequence_gathered block the block's copy already holds the input.
+  void rewrite_experts_call(Node* node, const std::string& path) {
+    if (input_copied(path))
+      throw ConfigError(a_.plan_source + ": moe_experts module " + path + " lies inside a sequence_gathered block; "
+                        "leave the block out of the plan (the experts' call gathers its own inputs)");
+    if (node->outputs().size() != 1 || !is_tensor_value(node->output()))
+      throw ConfigError(a_.plan_source + ": moe_experts module " + path + " must return one Tensor");
+    torch::jit::Graph& g = *node->owningGraph();
+    {
+      torch::jit::WithInsertPoint guard(node);
+      for (size_t i = 1; i < node->inputs().size(); ++i)
+        if (is_tensor_value(node->input(i)))
+          node->replaceInput(i, insert_op(g, "mfsdp::tp_copy", {node->input(i)}, node->input(i)->type()));
+    }
+    torch::jit::WithInsertPoint guard(node->next());
+    Value* y = node->output();
+    Value* reduced = insert_op(g, "mfsdp::tp_reduce", {y}, y->type());
+    y->replaceAllUsesAfterNodeWith(reduced->node(), reduced);
   }
 
   // One tp_copy per input value and block, shared by the colwise calls that read it.

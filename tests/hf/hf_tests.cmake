@@ -75,13 +75,27 @@ mfsdp_hf_run(hf_falcon_cp2_p2p_s0_n4 4 falcon distributed.cp_size=2 distributed.
 mfsdp_hf_run(hf_mixtral_s3_n4 4 mixtral distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_mixtral_cp2_s2_n2 2 mixtral distributed.cp_size=2 distributed.zero_dp_strategy=2)
 mfsdp_hf_run(hf_llama4_text_s2_n2 2 llama4_text distributed.zero_dp_strategy=2)
+# Mixtral under TP: its experts module (3-D expert weights) split by moe_experts from the config's
+# moe_tp_experts entry, with TP alone and with SP (tokens gathered at the experts' call, the router's
+# gradients summed over TP).
+mfsdp_hf_run(hf_mixtral_tp2_s1_n2 2 mixtral distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_mixtral_tp2_sp_s3_n4 4 mixtral distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_olmo2_tp2_sp_s3_n4 4 olmo2 distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_olmo2_tp2_cp2_s1_n4 4 olmo2 distributed.tp_size=2 distributed.cp_size=2 distributed.zero_dp_strategy=1)
 list(APPEND hf_runs hf_bloom_s3_n2 hf_bloom_s1_n4 hf_falcon_cp2_s3_n2 hf_falcon_cp2_p2p_s0_n4 hf_mixtral_s3_n4
-     hf_mixtral_cp2_s2_n2 hf_llama4_text_s2_n2 hf_olmo2_tp2_sp_s3_n4 hf_olmo2_tp2_cp2_s1_n4)
+     hf_mixtral_cp2_s2_n2 hf_llama4_text_s2_n2 hf_olmo2_tp2_sp_s3_n4 hf_olmo2_tp2_cp2_s1_n4 hf_mixtral_tp2_s1_n2
+     hf_mixtral_tp2_sp_s3_n4)
 mfsdp_oracle(hf_families RUNS ${hf_runs})
 mfsdp_run_dirs(_dirs _fixtures ${hf_runs})
 set_tests_properties(oracle_hf_families PROPERTIES FIXTURES_REQUIRED "${_fixtures}")
+
+# moe_experts applies to experts modules only: on a Linear the plan is refused, naming the module.
+add_test(NAME hf_moe_experts_on_a_linear
+         COMMAND ${EXPECT} 2 "model.layers.0.self_attn.q_proj \\(class Linear\\) has no 3-D parameters gate_up_proj" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_moe_on_linear
+                 model.path=${HFX}/mixtral.pt distributed.tp_size=2
+                 "distributed.tp_plan={\"model.layers.*.self_attn.q_proj\": moe_experts}")
+set_tests_properties(hf_moe_experts_on_a_linear PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2)
 
 # The check can fail: Qwen3's q/k norms see only this rank's heads under TP; with a plan that
 # leaves them plain replicated (no gradient sum) the losses leave PyTorch's.
@@ -302,6 +316,15 @@ add_test(NAME hf_export_gpt2_tp
          COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_gpt2_ckpt_tp2_s3_n4/ckpt
                  --work ${FX}/hf_export_gpt2_tp)
 set_tests_properties(hf_export_gpt2_tp PROPERTIES FIXTURES_REQUIRED runs_hf_gpt2_ckpt_tp2_s3_n4 TIMEOUT 300)
+# Mixtral under TP + SP: every expert's slices of the 3-D gate_up_proj (two packed parts) and
+# down_proj written back as the whole tensors transformers loads.
+mfsdp_hf_run(hf_mixtral_ckpt_tp2_sp_s3_n4 4 mixtral distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3 training.max_steps=3 checkpoint.dir=${FX}/hf_mixtral_ckpt_tp2_sp_s3_n4/ckpt
+             checkpoint.save_final=true checkpoint.resume=none)
+add_test(NAME hf_export_mixtral_tp
+         COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_mixtral_ckpt_tp2_sp_s3_n4/ckpt
+                 --work ${FX}/hf_export_mixtral_tp)
+set_tests_properties(hf_export_mixtral_tp PROPERTIES FIXTURES_REQUIRED runs_hf_mixtral_ckpt_tp2_sp_s3_n4 TIMEOUT 300)
 add_test(NAME hf_export_needs_hf_model
          COMMAND ${EXPECT} 2 "holds no mfsdp/hf_config.json, so it is no Hugging Face model" --
                  ${MFSDP_BIN} export --checkpoint ${FX}/grad_np1/ckpt --format hf --out ${FX}/hf_export_not_hf)

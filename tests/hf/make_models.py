@@ -40,7 +40,7 @@ MODELS = {
             "num_attention_heads=4", "max_position_embeddings=128"],
     # Families added from a sweep of held-out ones (README "Hugging Face models"): BLOOM (ALiBi, eager
     # attention, a custom autograd GELU traced through its forward), Falcon (multi-query attention:
-    # one key/value head, repeated for CP), Mixtral (a sparse MoE block, no TP plan), Llama 4 text
+    # one key/value head, repeated for CP), Mixtral (a sparse MoE block; under TP its experts split by moe_experts), Llama 4 text
     # (chunked attention and no-rope layers, MoE; CP refused by its recorded window), OLMo 2 (q/k
     # norms over all heads, post-norm blocks, a TP plan from its config).
     "bloom": ["--family", "bloom", "--set", "vocab_size=264", "hidden_size=64", "n_layer=2", "n_head=4"],
