@@ -228,9 +228,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
           ++it;
           continue;
         }
-        it->work->wait();
-        b.grad_shard.add_(it->out);
-        track(-b.padded * int64_t(at::elementSize(gd_)));
+        absorb_reduce(b, *it);
         it = rs.erase(it);
       }
     }
@@ -254,11 +252,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     for (auto& b : buckets_) {
       if (b.frozen) continue;
       for (auto& pr : b.reduces) {
-        pr.work->wait();
-        if (strategy_ >= 2) {
-          b.grad_shard.add_(pr.out);
-          track(-b.padded * int64_t(at::elementSize(gd_)));
-        }
+        if (strategy_ >= 2) absorb_reduce(b, pr);
+        else pr.work->wait();
       }
       b.reduces.clear();
       if (strategy_ >= 1 && replicate_.size() > 1)  // HSDP: shards agree across replicas
@@ -734,11 +729,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       b.reduces.push_back({shard_.reduce_scatter_async(b.grad_shard, b.grad_full, op), {}, b.grad_full});
     } else {
       // Accumulate an earlier micro-batch's result first, so that at most one is in flight.
-      for (auto& pr : b.reduces) {
-        pr.work->wait();
-        b.grad_shard.add_(pr.out);
-        track(-b.padded * int64_t(at::elementSize(gd_)));
-      }
+      for (auto& pr : b.reduces) absorb_reduce(b, pr);
       b.reduces.clear();
       limit_reduces_in_flight();
       at::Tensor out = at::empty({b.shard}, opt(gd_));
@@ -767,14 +758,19 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
           if (!oldest || pr.order < oldest->reduces.front().order) oldest = &b;
         }
       if (in_flight < kMaxReducesInFlight) return;
-      PendingReduce& pr = oldest->reduces.front();  // one per bucket under strategies 2-3
-      pr.work->wait();
-      oldest->grad_shard.add_(pr.out);
-      track(-oldest->padded * int64_t(at::elementSize(gd_)));
+      absorb_reduce(*oldest, oldest->reduces.front());  // one per bucket under strategies 2-3
       oldest->reduces.erase(oldest->reduces.begin());
     }
   }
   uint64_t reduce_order_ = 0;
+
+  // Strategies 2-3: a reduce-scatter's result into the shard gradient, once it is done; its
+  // full-size gradient buffer leaves the accounting (the caller drops the entry, freeing it).
+  void absorb_reduce(Bucket& b, PendingReduce& pr) {
+    pr.work->wait();
+    b.grad_shard.add_(pr.out);
+    track(-b.padded * int64_t(at::elementSize(gd_)));
+  }
 
   // ---- strategy 3 storage: allocated in place before use, freed after
   c10::StorageImpl* storage(Bucket& b) { return b.full.storage().unsafeGetStorageImpl(); }
