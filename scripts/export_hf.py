@@ -465,6 +465,90 @@ def build_config(args):
     return cfg, notes
 
 
+ATTENTION_OP_NAME = "mfsdp_eager"
+
+
+def use_attention_op(model):
+    """Eager attention through one operator, mfsdp::attention (scripts/mfsdp_ops.py), so that the
+    trace has a node mfsdp's context parallelism can replace (it replaces sdpa calls; eager
+    attention is otherwise loose matmuls). transformers picks a layer's attention function by
+    config._attn_implementation from its AttentionInterface: the exporter registers one that calls
+    the operator, and the eager mask builder under the same name (the additive mask eager attention
+    adds). GPT-Neo's attention is a method of its own (_attn: unscaled scores, its causal or local
+    window buffer): each layer's _attn is replaced by one calling the operator with scale 1 and
+    that window as an additive mask. Used only if the model's logits then equal its eager logits
+    exactly on a test batch (a family whose attention is other code, BLOOM's ALiBi, never calls the
+    operator; one whose eager attention computes more, say attention sinks, is refused by the
+    function). Returns the operator's name, or None with the model left as it was (printed)."""
+    import torch
+    from transformers import masking_utils
+    from transformers.modeling_utils import AttentionInterface
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mfsdp_ops
+    calls = []
+
+    def attention_fn(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+        if dropout:
+            raise NotImplementedError(f"attention dropout {dropout}")
+        ignored = {"sliding_window", "is_causal", "position_ids"}  # the mask carries the window
+        extra = sorted(k for k, v in kwargs.items() if v is not None and k not in ignored)
+        if extra:
+            raise NotImplementedError(f"eager attention with {', '.join(extra)}")
+        if scaling is None:
+            scaling = module.head_dim ** -0.5
+        if attention_mask is not None:
+            attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+        calls.append(1)
+        out = mfsdp_ops.attention(query, key, value, attention_mask, scaling, softcap)
+        return out.transpose(1, 2).contiguous(), None
+
+    def gpt_neo_attn(self, query, key, value, attention_mask=None):
+        # GPTNeoSelfAttention._attn: q and k in fp32, no scale, the window buffer as min-valued
+        # scores (here an additive mask of 0 and min: the same softmax), then the given mask.
+        query, key = query.to(torch.float32), key.to(torch.float32)
+        ql, kl = query.size(-2), key.size(-2)
+        window = self.bias[:, :, kl - ql: kl, :kl]
+        low = torch.finfo(torch.float32).min
+        mask = torch.zeros(window.shape, dtype=torch.float32, device=query.device).masked_fill(~window, low)
+        if attention_mask is not None:
+            mask = mask + attention_mask
+        if self.attn_dropout.p:
+            raise NotImplementedError(f"attention dropout {self.attn_dropout.p}")
+        calls.append(1)
+        return mfsdp_ops.attention(query, key, value.to(torch.float32), mask, 1.0, None).to(value.dtype), None
+
+    AttentionInterface.register(ATTENTION_OP_NAME, attention_fn)
+    masking_utils.AttentionMaskInterface.register(ATTENTION_OP_NAME, masking_utils.eager_mask)
+    patched = [m for m in model.modules() if type(m).__name__ == "GPTNeoSelfAttention" and hasattr(m, "_attn")]
+    for m in patched:
+        m._attn = types.MethodType(gpt_neo_attn, m)
+    cfg = model.config
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
+    why = None
+    with torch.no_grad():
+        want = model(input_ids=tokens, use_cache=False).logits
+        cfg._attn_implementation = ATTENTION_OP_NAME
+        try:
+            got = model(input_ids=tokens, use_cache=False).logits
+            if not calls:
+                why = "its attention does not go through transformers' attention functions"
+            elif not torch.equal(want, got):
+                why = f"its logits through the operator differ from eager's by {(want - got).abs().max().item():.1e}"
+        except NotImplementedError as e:
+            why = str(e)
+    if why is None:
+        print("export_hf: eager attention as one operator, mfsdp::attention (scripts/mfsdp_ops.py; logits "
+              "equal to eager's), which context parallelism can replace", file=sys.stderr)
+        return "mfsdp::attention"
+    cfg._attn_implementation = "eager"
+    for m in patched:
+        del m._attn
+    print(f"export_hf: eager attention traced as it is ({why}): context parallelism, which replaces "
+          "sdpa calls and mfsdp::attention, is unavailable for this file", file=sys.stderr)
+    return None
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", help="a local HF model directory (config.json; weights unless --random-init)")
@@ -536,12 +620,13 @@ def main(argv=None):
         except ValueError as e:  # the family has no sdpa path (Gemma 2's logit soft-capping)
             if "scaled_dot_product_attention" not in str(e):
                 raise
-            print(f"export_hf: {cfg.model_type} does not support sdpa attention: eager attention (context "
-                  "parallelism, which replaces sdpa calls, is then unavailable)", file=sys.stderr)
+            print(f"export_hf: {cfg.model_type} does not support sdpa attention: eager attention",
+                  file=sys.stderr)
             model, attention = build("eager"), "eager"
     else:
         model = build(attention)
     model = model.eval()
+    attention_op = use_attention_op(model) if attention == "eager" else None
     hf_model = model
     adapter_config = None
     if args.lora_r or args.adapter_dir:
@@ -593,6 +678,7 @@ def main(argv=None):
         "mfsdp/hf_config.json": json.dumps(hf_config, indent=1, sort_keys=True, default=str),
         "mfsdp/hf_export.json": json.dumps({
             "family": cfg.model_type, "class": type(hf_model).__name__, "attention": attention,
+            "attention_op": attention_op,
             "peft": adapter_config is not None,
             "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
             "source": os.path.abspath(args.model_dir) if args.model_dir else None,

@@ -76,6 +76,18 @@ at::Tensor causal_bias(int64_t c, const at::TensorOptions& opt) {
   return at::full({c, c}, -std::numeric_limits<float>::infinity(), opt).triu(1);
 }
 
+// Grouped-query attention without repeating the keys and values: query head j*G + g reads
+// key/value head j, so a query chunk [B, H, c, D] is viewed as [B, Hk, G*c, D] (the G heads of a
+// group stacked along the rows: row g*c + t) and every block is a product against the group's one
+// key/value head. The exchange over CP then carries Hk heads, not H. The causal bias of a diagonal
+// block is tiled G times along the rows. With G = 1 both maps are the identity.
+at::Tensor to_groups(const at::Tensor& x, int64_t hk) { return x.reshape({x.size(0), hk, -1, x.size(3)}); }
+at::Tensor from_groups(const at::Tensor& x, int64_t h) { return x.reshape({x.size(0), h, -1, x.size(3)}); }
+at::Tensor grouped_bias(int64_t c, int64_t groups, const at::TensorOptions& opt) {
+  at::Tensor b = causal_bias(c, opt);
+  return groups > 1 ? b.repeat({groups, 1}) : b;
+}
+
 // Online-softmax accumulator of one local query chunk: running max, sum of exponentials, and the
 // unnormalised output; blocks may arrive in any order. Flash blocks (below) arrive normalised, with
 // their log-sum-exp: add_block merges those (then m is the running log-sum-exp and l is unused).
@@ -112,17 +124,29 @@ struct Accumulator {
   at::Tensor lse() const { return normalised ? m : m + l.log(); }
 };
 
+// The scores of one block, S = Q_i K_j^T * scale, soft-capped when cap > 0 (Gemma 2's
+// attn_logit_softcapping: S = cap * tanh(S / cap), before the mask, as HF's eager attention).
+at::Tensor block_scores(const at::Tensor& qi, const at::Tensor& kj, double scale, double cap) {
+  at::Tensor s = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
+  if (cap > 0) s.div_(cap).tanh_().mul_(cap);
+  return s;
+}
+
 // The gradients of one block (query chunk qi against key chunk kj, `bias` the causal mask of a
 // diagonal block or undefined) from the saved log-sum-exp and delta = rowsum(dO o O):
-// dV_j += P^T dO_i, dQ_i += dS K_j / sqrt(d), dK_j += dS^T Q_i / sqrt(d), dS = P o (dO_i V_j^T - delta).
+// dV_j += P^T dO_i, dQ_i += dS K_j * scale, dK_j += dS^T Q_i * scale, dS = P o (dO_i V_j^T - delta).
+// With a soft cap, S = cap * tanh(R / cap) of the raw scores R, so dR = dS o (1 - tanh^2) and
+// tanh = S / cap is recomputed with the scores.
 void block_backward(const at::Tensor& qi, const at::Tensor& kj, const at::Tensor& vj, const at::Tensor& doi,
-                    const at::Tensor& lsei, const at::Tensor& di, const at::Tensor& bias, double scale, at::Tensor dqi,
-                    at::Tensor dkj, at::Tensor dvj) {
-  at::Tensor s = at::matmul(qi, kj.transpose(-2, -1)).mul_(scale);
+                    const at::Tensor& lsei, const at::Tensor& di, const at::Tensor& bias, double scale, double cap,
+                    at::Tensor dqi, at::Tensor dkj, at::Tensor dvj) {
+  at::Tensor s = block_scores(qi, kj, scale, cap);
+  at::Tensor t = cap > 0 ? s / cap : at::Tensor();
   if (bias.defined()) s.add_(bias);
   at::Tensor p = (s - lsei).exp_();
   dvj.add_(at::matmul(p.transpose(-2, -1), doi));
   at::Tensor ds = p * (at::matmul(doi, vj.transpose(-2, -1)) - di);
+  if (cap > 0) ds.mul_(1 - t * t);
   dqi.add_(at::matmul(ds, kj), scale);
   dkj.add_(at::matmul(ds.transpose(-2, -1), qi), scale);
 }
@@ -192,7 +216,7 @@ bool check_flash(const at::TensorOptions& opt, at::ScalarType lp, std::string& w
     at::Tensor dq_f = at::zeros_like(dq_r), dk_f = at::zeros_like(dk_r), dv_f = at::zeros_like(dk_r);
     for (int64_t j = 0; j < 2; ++j) {
       at::Tensor kj = k.narrow(2, j * c, c), vj = v.narrow(2, j * c, c);
-      block_backward(qi, kj, vj, dout, lse.unsqueeze(-1), delta, j == 1 ? bias : at::Tensor(), scale, dq_r,
+      block_backward(qi, kj, vj, dout, lse.unsqueeze(-1), delta, j == 1 ? bias : at::Tensor(), scale, 0.0, dq_r,
                      dk_r.narrow(2, j * c, c), dv_r.narrow(2, j * c, c));
       flash_backward(qi, kj, vj, dout, out, lse, j == 1, scale, lp, dq_f, dk_f.narrow(2, j * c, c), dv_f.narrow(2, j * c, c));
     }
@@ -232,37 +256,41 @@ bool use_flash(const at::Tensor& q) {
 // and returns the output in q's dtype.
 at::Tensor finish_forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const Accumulator (&acc)[2]) {
-  at::Tensor out = at::cat({acc[0].output(), acc[1].output()}, 2);
+  const int64_t H = q.size(1);
+  auto lse_of = [&](const Accumulator& a) { return a.lse().reshape({q.size(0), H, -1}); };
+  at::Tensor out = at::cat({from_groups(acc[0].output(), H), from_groups(acc[1].output(), H)}, 2);
   ctx->save_for_backward({q, k, v});
   // A detached alias: the returned tensor may be `out` itself (fp32), and a node holding its own
   // output would be a reference cycle that leaks every step's activations.
   ctx->saved_data["out"] = out.detach();
-  ctx->saved_data["lse"] = at::cat({acc[0].lse(), acc[1].lse()}, 2);
+  ctx->saved_data["lse"] = at::cat({lse_of(acc[0]), lse_of(acc[1])}, 2);
   return out.to(q.scalar_type());
 }
 
 struct CpAttention : public torch::autograd::Function<CpAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale) {
+                            double scale, double cap) {
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["cap"] = cap;
     Communicator& c = *g_cp.load();
     const int64_t C = c.size(), r = c.rank(), Tl = q.size(2), half = Tl / 2;
     at::Tensor qf = q.to(at::kFloat);
-    const bool flash = use_flash(q);
+    const bool flash = cap <= 0 && k.size(1) == q.size(1) && use_flash(q);  // no soft cap, no groups there
     ctx->saved_data["flash"] = flash;
     Gathered kv = gather_kv(c, k, v);
-    at::Tensor bias = causal_bias(half, qf.options());
+    const int64_t Hk = k.size(1);
+    at::Tensor bias = grouped_bias(half, q.size(1) / Hk, qf.options());
     Accumulator acc[2];
     for (int64_t a = 0; a < 2; ++a) {
       const int64_t i = global_chunk(a, r, C);
-      at::Tensor qi = qf.narrow(2, a * half, half);
+      at::Tensor qi = flash ? qf.narrow(2, a * half, half) : to_groups(qf.narrow(2, a * half, half), Hk);
       for (int64_t j = 0; j <= i; ++j) {
         if (flash) {
           FlashBlock fb = flash_forward(qi, kv.k[size_t(j)], kv.v[size_t(j)], j == i, scale, q.scalar_type());
           acc[a].add_block(fb.o, fb.lse);
           continue;
         }
-        at::Tensor s = at::matmul(qi, kv.k[size_t(j)].transpose(-2, -1)).mul_(scale);
+        at::Tensor s = block_scores(qi, kv.k[size_t(j)], scale, cap);
         if (j == i) s.add_(bias);
         acc[a].add(s, kv.v[size_t(j)]);
       }
@@ -275,7 +303,7 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const int64_t C = c.size(), r = c.rank(), Tl = q.size(2), half = Tl / 2;
-    const double scale = ctx->saved_data["scale"].toDouble();
+    const double scale = ctx->saved_data["scale"].toDouble(), cap = ctx->saved_data["cap"].toDouble();
     at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
     at::Tensor dout = grads[0].to(at::kFloat);
     at::Tensor delta = (dout * out).sum(-1);  // rowsum(dO o O)
@@ -286,28 +314,37 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
     at::Tensor dkv_all = at::zeros_like(kv.buffer);
     std::vector<at::Tensor> dk_chunks = chunk_views(dkv_all, 0), dv_chunks = chunk_views(dkv_all, 1);
     at::Tensor dq = at::zeros_like(qf);
-    at::Tensor bias = causal_bias(half, qf.options());
+    const int64_t B = q.size(0), H = q.size(1), Hk = k.size(1);
+    at::Tensor bias = grouped_bias(half, H / Hk, qf.options());
     for (int64_t a = 0; a < 2; ++a) {
       const int64_t i = global_chunk(a, r, C);
       at::Tensor qi = qf.narrow(2, a * half, half), doi = dout.narrow(2, a * half, half);
       at::Tensor lsei = lse.narrow(2, a * half, half).unsqueeze(-1), di = delta.narrow(2, a * half, half).unsqueeze(-1);
       at::Tensor dqi = dq.narrow(2, a * half, half);
+      if (!flash) {  // the grouped layout (to_groups); dQ of the chunk is written back below
+        qi = to_groups(qi, Hk);
+        doi = to_groups(doi, Hk);
+        lsei = lsei.reshape({B, Hk, -1, 1});
+        di = di.reshape({B, Hk, -1, 1});
+        dqi = at::zeros_like(qi);
+      }
       for (int64_t j = 0; j <= i; ++j) {
         if (flash)
           flash_backward(qi, kv.k[size_t(j)], kv.v[size_t(j)], doi, out.narrow(2, a * half, half),
                          lse.narrow(2, a * half, half), j == i, scale, q.scalar_type(), dqi, dk_chunks[size_t(j)],
                          dv_chunks[size_t(j)]);
         else
-          block_backward(qi, kv.k[size_t(j)], kv.v[size_t(j)], doi, lsei, di, j == i ? bias : at::Tensor(), scale, dqi,
-                         dk_chunks[size_t(j)], dv_chunks[size_t(j)]);
+          block_backward(qi, kv.k[size_t(j)], kv.v[size_t(j)], doi, lsei, di, j == i ? bias : at::Tensor(), scale, cap,
+                         dqi, dk_chunks[size_t(j)], dv_chunks[size_t(j)]);
       }
+      if (!flash) dq.narrow(2, a * half, half).copy_(from_groups(dqi, H));
     }
     at::Tensor dkv = at::empty(kv.buffer.sizes().slice(1), qf.options());  // [2, B, H, T/C, D]
     {
       FlightTag t("context-parallel reduce-scatter of key/value gradients");
       c.reduce_scatter(dkv.view({-1}), dkv_all.view({-1}), ReduceOp::kSum);
     }
-    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor()};
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -316,16 +353,21 @@ struct CpAttention : public torch::autograd::Function<CpAttention> {
 // key chunk lies after the query chunk (the causal mask), so every rank does 2C + 1 blocks.
 struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            double scale) {
+                            double scale, double cap) {
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["cap"] = cap;
     Communicator& c = *g_cp.load();
     const int64_t C = c.size(), r = c.rank(), half = q.size(2) / 2;
     const int next = int((r + 1) % C), prev = int((r + C - 1) % C);
     at::Tensor qf = q.to(at::kFloat);
-    const bool flash = use_flash(q);
+    const bool flash = cap <= 0 && k.size(1) == q.size(1) && use_flash(q);
     ctx->saved_data["flash"] = flash;
-    at::Tensor cur = at::stack({k.to(at::kFloat), v.to(at::kFloat)});  // [2, B, H, T/C, D]
-    at::Tensor bias = causal_bias(half, qf.options());
+    at::Tensor cur = at::stack({k.to(at::kFloat), v.to(at::kFloat)});  // [2, B, Hk, T/C, D]
+    const int64_t Hk = k.size(1);
+    at::Tensor bias = grouped_bias(half, q.size(1) / Hk, qf.options());
+    at::Tensor qs[2];  // the local query chunks, grouped unless flash
+    for (int64_t a = 0; a < 2; ++a)
+      qs[a] = flash ? qf.narrow(2, a * half, half) : to_groups(qf.narrow(2, a * half, half), Hk);
     Accumulator acc[2];
     for (int64_t t = 0; t < C; ++t) {
       const int64_t src = (r - t + C) % C;
@@ -338,7 +380,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
       }
       for (int64_t a = 0; a < 2; ++a) {
         const int64_t i = global_chunk(a, r, C);
-        at::Tensor qi = qf.narrow(2, a * half, half);
+        const at::Tensor& qi = qs[a];
         for (int64_t b = 0; b < 2; ++b) {
           const int64_t j = global_chunk(b, src, C);
           if (j > i) continue;
@@ -348,7 +390,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
             acc[a].add_block(fb.o, fb.lse);
             continue;
           }
-          at::Tensor s = at::matmul(qi, cur[0].narrow(2, b * half, half).transpose(-2, -1)).mul_(scale);
+          at::Tensor s = block_scores(qi, cur[0].narrow(2, b * half, half), scale, cap);
           if (j == i) s.add_(bias);
           acc[a].add(s, cur[1].narrow(2, b * half, half));
         }
@@ -372,7 +414,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2];
     const int64_t C = c.size(), r = c.rank(), half = q.size(2) / 2;
     const int next = int((r + 1) % C), prev = int((r + C - 1) % C);
-    const double scale = ctx->saved_data["scale"].toDouble();
+    const double scale = ctx->saved_data["scale"].toDouble(), cap = ctx->saved_data["cap"].toDouble();
     at::Tensor qf = q.to(at::kFloat), out = ctx->saved_data["out"].toTensor(), lse = ctx->saved_data["lse"].toTensor();
     at::Tensor dout = grads[0].to(at::kFloat);
     at::Tensor delta = (dout * out).sum(-1);
@@ -380,15 +422,31 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
     // bundle[0] = keys/values [2, B, H, T/C, D], bundle[1] = their gradients so far.
     at::Tensor bundle = at::stack({at::stack({k.to(at::kFloat), v.to(at::kFloat)}), at::zeros({2, k.size(0), k.size(1), k.size(2), k.size(3)}, qf.options())});
     at::Tensor dq = at::zeros_like(qf);
-    at::Tensor bias = causal_bias(half, qf.options());
+    const int64_t B = q.size(0), H = q.size(1), Hk = k.size(1);
+    at::Tensor bias = grouped_bias(half, H / Hk, qf.options());
+    // Per local chunk: queries, output gradients, lse and delta (grouped unless flash) and the dQ
+    // accumulator (grouped: written back into dq after the ring).
+    at::Tensor qs[2], dos[2], lses[2], ds_[2], dqs[2];
+    for (int64_t a = 0; a < 2; ++a) {
+      qs[a] = qf.narrow(2, a * half, half);
+      dos[a] = dout.narrow(2, a * half, half);
+      lses[a] = lse.narrow(2, a * half, half).unsqueeze(-1);
+      ds_[a] = delta.narrow(2, a * half, half).unsqueeze(-1);
+      dqs[a] = dq.narrow(2, a * half, half);
+      if (!flash) {
+        qs[a] = to_groups(qs[a], Hk);
+        dos[a] = to_groups(dos[a], Hk);
+        lses[a] = lses[a].reshape({B, Hk, -1, 1});
+        ds_[a] = ds_[a].reshape({B, Hk, -1, 1});
+        dqs[a] = at::zeros_like(qs[a]);
+      }
+    }
     for (int64_t t = 0; t < C; ++t) {
       const int64_t src = (r - t + C) % C;
       at::Tensor kv = bundle[0], dkv = bundle[1];
       for (int64_t a = 0; a < 2; ++a) {
         const int64_t i = global_chunk(a, r, C);
-        at::Tensor qi = qf.narrow(2, a * half, half), doi = dout.narrow(2, a * half, half);
-        at::Tensor lsei = lse.narrow(2, a * half, half).unsqueeze(-1), di = delta.narrow(2, a * half, half).unsqueeze(-1);
-        at::Tensor dqi = dq.narrow(2, a * half, half);
+        const at::Tensor &qi = qs[a], &doi = dos[a], &lsei = lses[a], &di = ds_[a], &dqi = dqs[a];
         for (int64_t b = 0; b < 2; ++b) {
           const int64_t j = global_chunk(b, src, C);
           if (j > i) continue;
@@ -399,7 +457,7 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
             continue;
           }
           block_backward(qi, kv[0].narrow(2, b * half, half), kv[1].narrow(2, b * half, half), doi, lsei, di,
-                         j == i ? bias : at::Tensor(), scale, dqi, dkv[0].narrow(2, b * half, half),
+                         j == i ? bias : at::Tensor(), scale, cap, dqi, dkv[0].narrow(2, b * half, half),
                          dkv[1].narrow(2, b * half, half));
         }
       }
@@ -411,15 +469,18 @@ struct RingCpAttention : public torch::autograd::Function<RingCpAttention> {
       }
       bundle = incoming;
     }
+    if (!flash)
+      for (int64_t a = 0; a < 2; ++a) dq.narrow(2, a * half, half).copy_(from_groups(dqs[a], H));
     at::Tensor dkv = bundle[1];  // home again: the gradients of this rank's own chunks
-    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor()};
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor(), at::Tensor()};
   }
 };
 
 // Plain causal attention (no CP group): what the replaced core computes, for cp_attention's
 // callers without a group (tests) and for inference below autograd.
-at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double cap) {
   at::Tensor s = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-2, -1)) * scale;
+  if (cap > 0) s = at::tanh(s / cap) * cap;
   s = s + causal_bias(q.size(2), s.options());
   return at::matmul(at::softmax(s, -1), v.to(at::kFloat)).to(q.scalar_type());
 }
@@ -432,13 +493,14 @@ at::Tensor cp_attention_op(const at::Tensor& q, const at::Tensor& k, const at::T
 // position ids between the rank's two chunks as two packed sequences, causal within each chunk.
 // Boolean (true: attend) or additive (0: attend, <= -1e30 or -inf: not). Checked once per mask
 // tensor (HF builds one per forward, shared by every layer).
-void check_causal_mask(const at::Tensor& mask, int64_t T, const std::string& where) {
+void check_causal_mask(const at::Tensor& mask, int64_t T, const std::string& where,
+                       const char* call = "scaled_dot_product_attention") {
   thread_local const void* last_ok = nullptr;
   thread_local std::vector<int64_t> last_sizes;
   if (mask.data_ptr() == last_ok && mask.sizes().vec() == last_sizes) return;
   at::NoGradGuard ng;
   auto fail = [&](const std::string& why) {
-    throw UserError(std::string(kUserErrorTag) + "context parallel: the scaled_dot_product_attention call in " + where +
+    throw UserError(std::string(kUserErrorTag) + "context parallel: the " + call + " call in " + where +
                     " has an attention mask " +
                     why + "; only the causal mask (as Hugging Face models build it) can be replaced by the blockwise "
                     "causal attention (a padding, sliding-window or document mask cannot)");
@@ -470,6 +532,40 @@ at::Tensor cp_sdpa_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return cp_attention(q, k, v, scale.value_or(0.0));
 }
 
+// mfsdp::attention(q, k, v, mask, scale, softcap): Hugging Face's eager attention as one operator
+// (scripts/mfsdp_ops.py declares the same schema for the exporter's traces: families with eager
+// attention only, Gemma 2's soft-capped logits). Composite: the same aten calls as transformers'
+// eager_attention_forward (shared key/value heads expanded to their query heads, scores scaled
+// after the product, capped by divide-tanh-multiply, the additive mask, softmax in fp32, cast back),
+// so without CP a file calling it trains as PyTorch trains the eager model.
+at::Tensor eager_attention_op(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                              const std::optional<at::Tensor>& mask, double scale, std::optional<double> softcap) {
+  at::Tensor k = k_in, v = v_in;
+  if (k.size(1) != q.size(1)) {
+    const int64_t b = k.size(0), kvh = k.size(1), s = k.size(2), g = q.size(1) / kvh;
+    k = k.unsqueeze(2).expand({b, kvh, g, s, k.size(3)}).reshape({b, kvh * g, s, k.size(3)});
+    v = v.unsqueeze(2).expand({b, kvh, g, s, v.size(3)}).reshape({b, kvh * g, s, v.size(3)});
+  }
+  at::Tensor w = at::matmul(q, k.transpose(2, 3)) * scale;
+  if (softcap) w = at::tanh(w / *softcap) * *softcap;
+  if (mask && mask->defined()) w = w + *mask;
+  w = at::softmax(w, -1, at::kFloat).to(q.scalar_type());
+  return at::matmul(w, v);
+}
+
+// What CP puts in place of mfsdp::attention: its mask checked as cp_sdpa's, then the blockwise
+// causal attention with the same scale and soft cap. Eager attention with no mask attends to the
+// whole sequence both ways, which the blockwise causal attention is not.
+at::Tensor cp_eager_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                       double scale, std::optional<double> softcap, c10::string_view where) {
+  if (!mask || !mask->defined())
+    throw UserError(std::string(kUserErrorTag) + "context parallel: the mfsdp::attention call in " + std::string(where) +
+                    " has no attention mask (attention over the whole sequence, not causal); only causal attention "
+                    "can be replaced by the blockwise causal attention");
+  check_causal_mask(*mask, q.size(2), std::string(where), "mfsdp::attention");
+  return cp_attention(q, k, v, scale, softcap.value_or(0.0));
+}
+
 
 class ContextParallelImpl final : public ContextParallel {
  public:
@@ -499,12 +595,13 @@ class ContextParallelImpl final : public ContextParallel {
       throw ConfigError(cfg.where("distributed.core_attention_modules") +
                         ": distributed.cp_size > 1 replaces the model's attention core, and distributed.core_attention_modules [" +
                         join(patterns, ", ") + "] matches no module of " + model.path() +
-                        ", nor does the model call aten::scaled_dot_product_attention. The model contract: "
+                        ", nor does the model call aten::scaled_dot_product_attention (or mfsdp::attention, scripts/export_hf.py's eager "
+                        "attention). The model contract: "
                         "softmax(QK^T/sqrt(d))V with a causal mask is a submodule of its own, "
                         "forward(q, k, v) on [batch, heads, seq, head_dim] (README \"Model contract\"). The model's modules:\n" +
                         model.module_tree());
     if (core_types.empty()) {
-      core_paths_ = {fmt::format("aten::scaled_dot_product_attention in {}", sdpa_where_)};
+      core_paths_ = {fmt::format("{} in {}", replaced_op_, sdpa_where_)};
       refuse_local_attention(model, cfg);
     }
     if (replaced_ == 0)
@@ -571,10 +668,15 @@ class ContextParallelImpl final : public ContextParallel {
   // cp_attention.
   void replace_sdpa(torch::jit::Block* block, const std::string& where) {
     static const c10::Symbol sdpa = c10::Symbol::fromQualString("aten::scaled_dot_product_attention");
+    static const c10::Symbol eager = c10::Symbol::fromQualString("mfsdp::attention");
     for (auto it = block->nodes().begin(); it != block->nodes().end();) {
       torch::jit::Node* node = *it;
       ++it;
       for (auto* sub : node->blocks()) replace_sdpa(sub, where);
+      if (node->kind() == eager) {
+        replace_eager(node, where);
+        continue;
+      }
       if (node->kind() != sdpa) continue;
       auto bad = [&](const std::string& why) {
         throw UserError("context parallel: the scaled_dot_product_attention call in " + where + " " + why +
@@ -604,7 +706,35 @@ class ContextParallelImpl final : public ContextParallel {
       out->setType(node->output()->type());
       node->output()->replaceAllUsesWith(out);
       node->destroy();
-      if (replaced_++ == 0) sdpa_where_ = where;
+      if (replaced_++ == 0) {
+        sdpa_where_ = where;
+        replaced_op_ = "aten::scaled_dot_product_attention";
+      }
+    }
+  }
+
+  // mfsdp::attention(q, k, v, mask, scale, softcap) becomes mfsdp::cp_eager(q, k, v, mask, scale,
+  // softcap, where); a call without a mask is non-causal (refused here when the trace says so, at
+  // run time when the mask turns out undefined).
+  void replace_eager(torch::jit::Node* node, const std::string& where) {
+    if (node->inputs().size() != 6 || node->outputs().size() != 1)
+      throw UserError("context parallel: the mfsdp::attention call in " + where + " has an unexpected signature");
+    if (node->input(3)->type()->kind() == c10::TypeKind::NoneType)
+      throw UserError("context parallel: the mfsdp::attention call in " + where +
+                      " has no attention mask (attention over the whole sequence, not causal); only causal attention "
+                      "can be replaced by the blockwise causal attention");
+    torch::jit::Graph& g = *node->owningGraph();
+    torch::jit::WithInsertPoint guard(node);
+    torch::jit::Value* where_v = g.insertConstant(where);
+    torch::jit::Value* out = g.insert(c10::Symbol::fromQualString("mfsdp::cp_eager"),
+                                      {node->input(0), node->input(1), node->input(2), node->input(3), node->input(4),
+                                       node->input(5), where_v});
+    out->setType(node->output()->type());
+    node->output()->replaceAllUsesWith(out);
+    node->destroy();
+    if (replaced_++ == 0) {
+      sdpa_where_ = where;
+      replaced_op_ = "mfsdp::attention";
     }
   }
 
@@ -645,7 +775,7 @@ class ContextParallelImpl final : public ContextParallel {
   const Config& cfg_;
   Communicator& cp_;
   bool active_ = false;
-  std::string sdpa_where_;
+  std::string sdpa_where_, replaced_op_;
   std::vector<std::string> core_paths_;
   int replaced_ = 0;
 };
@@ -657,27 +787,29 @@ void set_cp_context(Communicator* cp, bool ring) {
   g_ring.store(ring);
 }
 
-at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap) {
   if (scale <= 0) scale = 1.0 / std::sqrt(double(q.size(3)));
   Communicator* c = g_cp.load();
   // Grouped-query and multi-query attention (Falcon's single key/value head, sdpa's enable_gqa):
-  // key/value head j serves query heads j*G .. j*G+G-1, so the heads are repeated G times in place
-  // (repeat_interleave; its backward sums each group's gradients back onto the shared head). The
-  // blockwise attention then runs on equal shapes; the cost is G times the keys/values gathered
-  // over CP (a group-aware gather is not written yet).
-  if (q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && k.size(1) != q.size(1) &&
-      k.size(1) > 0 && q.size(1) % k.size(1) == 0 && k.size(0) == q.size(0) && k.size(2) == q.size(2) &&
-      k.size(3) == q.size(3)) {
+  // key/value head j serves query heads j*G .. j*G+G-1. The matmul blocks take the groups as they
+  // are (to_groups above: the keys and values exchanged over CP are the Hk heads); the flash
+  // kernels and the plain attention without a CP group need equal head counts, so there the heads
+  // are repeated G times (repeat_interleave; its backward sums each group's gradients back onto
+  // the shared head).
+  const bool grouped = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() &&
+                       k.size(1) != q.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 &&
+                       k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3);
+  if (grouped && (!c || (softcap <= 0 && use_flash(q)))) {
     const int64_t groups = q.size(1) / k.size(1);
-    return cp_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scale);
+    return cp_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scale, softcap);
   }
-  if (!c) return local_attention(q, k, v, scale);
-  if (q.dim() != 4 || k.sizes() != q.sizes() || v.sizes() != q.sizes())
+  if (!c) return local_attention(q, k, v, scale, softcap);
+  if (q.dim() != 4 || (!grouped && (k.sizes() != q.sizes() || v.sizes() != q.sizes())))
     throw UserError(fmt::format("context parallel attention: q, k, v must be [batch, heads, seq, head_dim] of one shape, "
                                 "got [{}], [{}], [{}] (keys and values may have fewer heads only if theirs divide the queries')",
                                 fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", ")));
   if (q.size(2) % 2 != 0) throw UserError("context parallel attention: the local sequence must hold two equal chunks");
-  return g_ring.load() ? RingCpAttention::apply(q, k, v, scale) : CpAttention::apply(q, k, v, scale);
+  return g_ring.load() ? RingCpAttention::apply(q, k, v, scale, softcap) : CpAttention::apply(q, k, v, scale, softcap);
 }
 
 std::unique_ptr<ContextParallel> apply_context_parallel(Model& model, const Config& cfg, ProcessGroups& pg) {
@@ -690,9 +822,17 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def(torch::schema("mfsdp::cp_attention(Tensor q, Tensor k, Tensor v) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE));
   m.def(torch::schema("mfsdp::cp_sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, float? scale, str where) -> Tensor",
                       c10::AliasAnalysisKind::CONSERVATIVE));
+  // The schema scripts/mfsdp_ops.py declares (a trace calling it loads here): pure, so FROM_SCHEMA.
+  m.def(torch::schema("mfsdp::attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, float? softcap) -> Tensor",
+                      c10::AliasAnalysisKind::FROM_SCHEMA));
+  m.def(torch::schema("mfsdp::cp_eager(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, float? softcap, str where) "
+                      "-> Tensor",
+                      c10::AliasAnalysisKind::CONSERVATIVE));
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, CompositeImplicitAutograd, m) {
   m.impl("cp_attention", mfsdp::cp_attention_op);
   m.impl("cp_sdpa", mfsdp::cp_sdpa_op);
+  m.impl("attention", mfsdp::eager_attention_op);
+  m.impl("cp_eager", mfsdp::cp_eager_op);
 }

@@ -51,7 +51,9 @@ std::unique_ptr<ContextParallel> apply_context_parallel(Model& model, const Conf
 // group set by set_cp_context (nullptr: plain causal attention on the local tensors).
 class Communicator;
 void set_cp_context(Communicator* cp, bool ring = false);
-// scale <= 0: 1/sqrt(head_dim).
-at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale = 0.0);
+// scale <= 0: 1/sqrt(head_dim); softcap > 0: scores soft-capped, cap * tanh(scores / cap), before
+// the causal mask (Gemma 2; the blocks then run as fp32 matmuls, never flash kernels).
+at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale = 0.0,
+                        double softcap = 0.0);
 
 }  // namespace mfsdp

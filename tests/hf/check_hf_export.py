@@ -24,6 +24,11 @@ import sys
 
 import torch
 
+# mfsdp's TorchScript operators (mfsdp::attention in exports of eager-attention families), so that
+# torch.jit.load reads every file mfsdp trains.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+import mfsdp_ops  # noqa: E402,F401
+
 
 def main():
     ap = argparse.ArgumentParser()

@@ -39,8 +39,13 @@ mfsdp_hf_run(hf_qwen3_cp2_tp2_p2p_s3_n4 4 qwen3 distributed.cp_size=2 distribute
              distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_phi3_cp4_s2_n4 4 phi3 distributed.cp_size=4 distributed.zero_dp_strategy=2)
 mfsdp_hf_run(hf_mistral_sw_s3_n2 2 mistral_sw distributed.zero_dp_strategy=3)
+# Gemma 2 has eager attention only (soft-capped logits): the exporter routes it through one
+# operator, mfsdp::attention, which CP replaces by the blockwise attention with the cap.
+mfsdp_hf_run(hf_gemma2_cp2_s2_n2 2 gemma2 distributed.cp_size=2 distributed.zero_dp_strategy=2)
+mfsdp_hf_run(hf_gemma2_tp2_cp2_p2p_s3_n4 4 gemma2 distributed.tp_size=2 distributed.cp_size=2 distributed.cp_comm_type=p2p
+             distributed.zero_dp_strategy=3)
 list(APPEND hf_runs hf_llama_cp2_s3_n2 hf_gemma_cp2_n2 hf_gpt2_cp2_s1_n2 hf_qwen3_cp2_tp2_p2p_s3_n4 hf_phi3_cp4_s2_n4
-     hf_mistral_sw_s3_n2)
+     hf_mistral_sw_s3_n2 hf_gemma2_cp2_s2_n2 hf_gemma2_tp2_cp2_p2p_s3_n4)
 # GPT-2 under TP: Conv1D projections ([in, out] weights) rewritten at their call sites, c_attn's
 # packed q/k/v split part by part (the caller's split width made local), a tied embedding and
 # head; with CP too.
@@ -69,6 +74,9 @@ list(APPEND hf_runs hf_stablelm_s2_n2 hf_stablelm_tp2_sp_s3_n4 hf_stablelm_cp2_n
 # sparse MoE, Llama 4's chunked attention and MoE, OLMo 2's q/k norms over all heads under TP
 # (replicated_with_grad_allreduce is not enough there: its plan gathers them) with SP and CP.
 mfsdp_hf_run(hf_bloom_s3_n2 2 bloom distributed.zero_dp_strategy=3)
+# GPT-Neo's attention is a method of its own (unscaled): export_hf.py routes it through
+# mfsdp::attention, which CP replaces.
+mfsdp_hf_run(hf_gpt_neo_cp2_p2p_s3_n2 2 gpt_neo distributed.cp_size=2 distributed.cp_comm_type=p2p distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_bloom_s1_n4 4 bloom distributed.zero_dp_strategy=1)
 mfsdp_hf_run(hf_falcon_cp2_s3_n2 2 falcon distributed.cp_size=2 distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_falcon_cp2_p2p_s0_n4 4 falcon distributed.cp_size=2 distributed.cp_comm_type=p2p distributed.zero_dp_strategy=0)
@@ -82,7 +90,7 @@ mfsdp_hf_run(hf_mixtral_tp2_s1_n2 2 mixtral distributed.tp_size=2 distributed.ze
 mfsdp_hf_run(hf_mixtral_tp2_sp_s3_n4 4 mixtral distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_olmo2_tp2_sp_s3_n4 4 olmo2 distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_olmo2_tp2_cp2_s1_n4 4 olmo2 distributed.tp_size=2 distributed.cp_size=2 distributed.zero_dp_strategy=1)
-list(APPEND hf_runs hf_bloom_s3_n2 hf_bloom_s1_n4 hf_falcon_cp2_s3_n2 hf_falcon_cp2_p2p_s0_n4 hf_mixtral_s3_n4
+list(APPEND hf_runs hf_bloom_s3_n2 hf_gpt_neo_cp2_p2p_s3_n2 hf_bloom_s1_n4 hf_falcon_cp2_s3_n2 hf_falcon_cp2_p2p_s0_n4 hf_mixtral_s3_n4
      hf_mixtral_cp2_s2_n2 hf_llama4_text_s2_n2 hf_olmo2_tp2_sp_s3_n4 hf_olmo2_tp2_cp2_s1_n4 hf_mixtral_tp2_s1_n2
      hf_mixtral_tp2_sp_s3_n4)
 mfsdp_oracle(hf_families RUNS ${hf_runs})

@@ -8,7 +8,7 @@ Llama with grouped-query attention; Mistral, and one with a sliding window of 8 
 an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
 GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
 gate_up: colwise_gather_output and rowwise_split_input, kept as colwise_rep and rowwise_rep); GPT-NeoX, Phi,
-Gemma 2, StableLM and OPT, BLOOM, Falcon, Mixtral, Llama 4 text and OLMo 2 (below); and
+Gemma 2, StableLM and OPT, BLOOM, Falcon, Mixtral, Llama 4 text, OLMo 2 and GPT-Neo (below); and
 three LoRA models wrapped by PEFT (llama_lora, qwen2_lora, gpt2_lora).
 """
 import contextlib
@@ -31,7 +31,10 @@ MODELS = {
     # soft-capping), so --attention auto exports it with eager attention.
     "gpt_neox": ["--family", "gpt_neox", "--set", *COMMON],
     "phi": ["--family", "phi", "--set", *COMMON],
-    "gemma2": ["--family", "gemma2", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],
+    # A strong attention soft cap (0.1 on scores scaled by 1/sqrt(1)): a CP path that ignored it
+    # would be 2e-3 off PyTorch (measured), not 1e-7.
+    "gemma2": ["--family", "gemma2", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16",
+               "attn_logit_softcapping=0.1", "query_pre_attn_scalar=1"],
     # No base_model_tp_plan in their configs (mfsdp's own plans, scripts/export_hf.py): StableLM
     # (LayerNorm, partial rotary, constant head counts in its views); OPT (learned positions with an
     # offset, a tied head, fc1/fc2 in the layer on flattened tokens, constant head counts).
@@ -51,6 +54,9 @@ MODELS = {
     "llama4_text": ["--family", "llama4_text", "--set", *COMMON, "intermediate_size_mlp=128", "num_key_value_heads=2",
                     "head_dim=16", "num_local_experts=2", "attention_chunk_size=8"],
     "olmo2": ["--family", "olmo2", "--set", *COMMON, "num_key_value_heads=2"],
+    # GPT-Neo: its own attention method (unscaled scores), global layers only so that CP applies.
+    "gpt_neo": ["--family", "gpt_neo", "--set", "vocab_size=264", "hidden_size=64", "num_layers=2", "num_heads=4",
+                'attention_types=[[["global"],2]]', "max_position_embeddings=128"],
 }
 # LoRA (PEFT) models: PEFT's default targets for Llama (q_proj, v_proj; v_proj of rank 2 and layer 1's
 # q_proj with alpha 16 by rank_pattern and alpha_pattern, and the output head trained in full:
