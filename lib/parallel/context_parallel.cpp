@@ -799,7 +799,13 @@ at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tens
   const bool grouped = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() &&
                        k.size(1) != q.size(1) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 &&
                        k.size(0) == q.size(0) && k.size(2) == q.size(2) && k.size(3) == q.size(3);
-  if (grouped && (!c || (softcap <= 0 && use_flash(q)))) {
+  // Measurement knob (bench/cp_memory.sh): MFSDP_CP_GQA=repeat repeats the heads everywhere, as
+  // before the grouped blocks existed.
+  static const bool repeat_knob = [] {
+    const char* e = std::getenv("MFSDP_CP_GQA");
+    return e && std::string(e) == "repeat";
+  }();
+  if (grouped && (!c || repeat_knob || (softcap <= 0 && use_flash(q)))) {
     const int64_t groups = q.size(1) / k.size(1);
     return cp_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scale, softcap);
   }
