@@ -679,6 +679,7 @@ def main(argv=None):
         "mfsdp/hf_export.json": json.dumps({
             "family": cfg.model_type, "class": type(hf_model).__name__, "attention": attention,
             "attention_op": attention_op,
+            "dtype": "fp32" if dtype == torch.float32 else "bf16",  # mfsdp's model.compute_dtype must match
             "peft": adapter_config is not None,
             "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
             "source": os.path.abspath(args.model_dir) if args.model_dir else None,

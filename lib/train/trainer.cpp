@@ -25,6 +25,8 @@
 #include <csignal>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/init_from.h"
 #include "comm/communicator.h"
@@ -50,6 +52,39 @@
 
 namespace mfsdp {
 namespace {
+
+// A Hugging Face trace (scripts/export_hf.py) bakes the dtype it was traced in into its graph:
+// transformers' norms compute in fp32 and cast back with `.to(input_dtype)`, which the tracer
+// records as a cast to that dtype. A file traced in fp32 then cannot compute in bf16 (its norms hand
+// fp32 to bf16 matrix products), and one traced in bf16 computes partly in bf16 whatever
+// model.compute_dtype says (measured: 1.2e-4 off PyTorch fp32 training in 20 steps). So the
+// compute dtype must be the traced one. The dtype is the file's record (hf_export.json "dtype"),
+// else, for files written before the record existed, that of its first floating parameter.
+void check_traced_dtype(const Model& model, const Config& cfg) {
+  if (model.stored_hf_export().empty()) return;
+  std::string traced;
+  try {
+    auto j = nlohmann::json::parse(model.stored_hf_export());
+    if (j.contains("dtype") && j["dtype"].is_string()) traced = j["dtype"].get<std::string>();
+  } catch (const std::exception&) {
+  }
+  if (traced.empty())
+    for (const auto& p : model.params())
+      if (p.tensor.is_floating_point()) {
+        traced = p.tensor.scalar_type() == at::kBFloat16 ? "bf16" : p.tensor.scalar_type() == at::kFloat ? "fp32" : "";
+        break;
+      }
+  if (traced.empty() || traced == cfg.model.compute_dtype) return;
+  throw ConfigError(cfg.where("model.compute_dtype") +
+                    fmt::format(": model.compute_dtype is {}, but {} was traced in {} by scripts/export_hf.py, and a trace keeps the dtype "
+                                "of its casts (the norms' cast back to the input's dtype); set model.compute_dtype: {}, "
+                                "or export the model again with --dtype {}{}",
+                                cfg.model.compute_dtype, model.path(), traced, traced, cfg.model.compute_dtype,
+                                cfg.model.compute_dtype == "bf16"
+                                    ? " (fp32 main weights beside bf16 compute: distributed.preserve_fp32_weights)"
+                                    : ""));
+}
+
 
 using Clock = std::chrono::steady_clock;
 
@@ -221,6 +256,7 @@ class Trainer {
 
     model_ = std::make_unique<Model>(Model::load(cfg_.model.path, cfg_.distributed.init_fsdp_with_meta_device, device_));
     if (!model_->load_note().empty()) log(model_->load_note());
+    check_traced_dtype(*model_, cfg_);
     const std::string units = model_->find_units(cfg_.distributed.megatron_fsdp_unit_modules,
                                                  cfg_.where("distributed.megatron_fsdp_unit_modules"));
     const bool bf16 = cfg_.model.compute_dtype == "bf16";

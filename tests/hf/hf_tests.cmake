@@ -245,6 +245,26 @@ add_test(NAME hf_sequence_parallel_needs_gathered_blocks
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_sp
                  distributed.tp_size=2 distributed.sequence_parallel=true "distributed.tp_plan=${_no_gather}")
 
+# A model exported in bf16 (export_hf.py --dtype bf16) trains with bf16 compute and fp32 main
+# weights, with TP and with CP, against PyTorch training the transformers model so (measured at most
+# 1.7e-4; bound 2e-3, tighter than the oracle's bf16 default of 1e-2). A trace keeps its dtype's
+# casts, so a compute dtype other than the traced one is an error naming model.compute_dtype.
+set(_hf_bf16 model.compute_dtype=bf16 distributed.preserve_fp32_weights=true distributed.grad_reduce_in_fp32=true)
+mfsdp_hf_run(hf_llama_bf16_s3_n2 2 llama_bf16 ${_hf_bf16} distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_llama_bf16_tp2_s1_n2 2 llama_bf16 ${_hf_bf16} distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_llama_bf16_cp2_s3_n2 2 llama_bf16 ${_hf_bf16} distributed.cp_size=2 distributed.zero_dp_strategy=3)
+mfsdp_oracle(hf_bf16_export RUNS hf_llama_bf16_s3_n2 hf_llama_bf16_tp2_s1_n2 hf_llama_bf16_cp2_s3_n2 ARGS --bf16-rtol 2e-3)
+add_test(NAME hf_bf16_trace_fp32_compute_refused
+         COMMAND ${EXPECT} 2 "model.compute_dtype is fp32, but .*llama_bf16.pt was traced in bf16 by scripts/export_hf.py" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_bf16.pt
+                 run_dir=${FX}/hf_bf16_fp32)
+add_test(NAME hf_fp32_trace_bf16_compute_refused
+         COMMAND ${EXPECT} 2 "model.compute_dtype is bf16, but .*llama.pt was traced in fp32 by scripts/export_hf.py" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt
+                 run_dir=${FX}/hf_fp32_bf16 model.compute_dtype=bf16)
+set_tests_properties(hf_bf16_trace_fp32_compute_refused hf_fp32_trace_bf16_compute_refused PROPERTIES
+                     FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
+
 # What is not supported says so (never a silently wrong run): context parallelism of a
 # sliding-window model (by the window export_hf.py records from the config; for a file without
 # that record, by the mask the replaced sdpa call receives), TP of a family whose plan mfsdp cannot

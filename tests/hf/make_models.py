@@ -69,6 +69,8 @@ MODELS |= {
     "qwen2_lora": MODELS["qwen2"] + ["--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj", "k_proj", "v_proj",
                                      "o_proj", "gate_proj", "up_proj", "down_proj"],
     "gpt2_lora": MODELS["gpt2"] + ["--lora-r", "4", "--lora-alpha", "16"],
+    # Traced in bf16 (export_hf.py --dtype bf16): its weights stored and its casts recorded in bf16.
+    "llama_bf16": MODELS["llama"] + ["--dtype", "bf16"],
 }
 
 
