@@ -329,6 +329,8 @@ def wrap_lora(model, args):
             sys.exit(f"export_hf: --adapter-dir {args.adapter_dir}: a {pc.peft_type} adapter; only LoRA is supported")
     else:
         kw = {"r": args.lora_r, "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}
+        if args.lora_dora:
+            kw["use_dora"] = True
         if args.lora_alpha is not None:
             kw["lora_alpha"] = args.lora_alpha
         if args.lora_targets:
@@ -362,8 +364,6 @@ def wrap_lora(model, args):
             if isinstance(getattr(m, "lora_dropout", None), torch.nn.ModuleDict):
                 for k in m.lora_dropout:
                     m.lora_dropout[k] = torch.nn.Identity()
-    if getattr(pc, "use_dora", False):
-        sys.exit("export_hf: DoRA adapters are not supported yet (only plain LoRA: lora_A, lora_B)")
     with tempfile.TemporaryDirectory() as d:
         wrapped.peft_config["default"].save_pretrained(d)
         with open(os.path.join(d, "adapter_config.json")) as f:
@@ -575,15 +575,17 @@ def main(argv=None):
                     help="per-module alphas (PEFT's alpha_pattern)")
     ap.add_argument("--lora-modules-to-save", nargs="+", metavar="MODULE",
                     help="modules trained in full beside the adapters (PEFT's modules_to_save, e.g. lm_head)")
+    ap.add_argument("--lora-dora", action="store_true",
+                    help="DoRA (PEFT's use_dora): a trained magnitude per output row beside lora_A and lora_B")
     ap.add_argument("--adapter-dir", help="an existing PEFT adapter directory to train on (adapter_config.json)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.adapter_dir and args.lora_r:
         sys.exit("export_hf: --adapter-dir brings its own LoRA config; give it or --lora-r, not both")
     if (args.lora_alpha is not None or args.lora_targets or args.lora_rank_pattern or args.lora_alpha_pattern
-            or args.lora_modules_to_save) and not args.lora_r:
-        sys.exit("export_hf: --lora-alpha, --lora-targets, --lora-rank-pattern, --lora-alpha-pattern and "
-                 "--lora-modules-to-save need --lora-r")
+            or args.lora_modules_to_save or args.lora_dora) and not args.lora_r:
+        sys.exit("export_hf: --lora-alpha, --lora-targets, --lora-rank-pattern, --lora-alpha-pattern, "
+                 "--lora-modules-to-save and --lora-dora need --lora-r")
     if args.lora_r is not None and args.lora_r < 1:
         sys.exit(f"export_hf: --lora-r {args.lora_r}: expected a rank >= 1")
 
@@ -668,7 +670,11 @@ def main(argv=None):
         plan, note = None, "no tensor-parallel plan (--tp-plan none)"
     else:
         plan, note = derive_tp_plan(hf_model)
-        if plan and adapter_config is not None:
+        if plan and adapter_config is not None and adapter_config.get("use_dora"):
+            # DoRA normalises each output row of W + s B A over the whole input dimension, which a
+            # rowwise split divides among the TP ranks (and PEFT forms B A through lora_B's forward).
+            plan, note = None, "DoRA adapters: no tensor-parallel plan stored (train DoRA without TP)"
+        elif plan and adapter_config is not None:
             plan, note = peft_tp_plan(plan, model)
     print(f"export_hf: {note}", file=sys.stderr)
     hf_config = cfg.to_dict()
@@ -679,6 +685,7 @@ def main(argv=None):
         "mfsdp/hf_export.json": json.dumps({
             "family": cfg.model_type, "class": type(hf_model).__name__, "attention": attention,
             "attention_op": attention_op,
+            "tp_plan_note": None if plan else note,  # why no plan was stored (mfsdp's tp_size error quotes it)
             "dtype": "fp32" if dtype == torch.float32 else "bf16",  # mfsdp's model.compute_dtype must match
             "peft": adapter_config is not None,
             "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],

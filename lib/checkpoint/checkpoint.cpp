@@ -806,11 +806,14 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
     const auto shape = index["params"].at(param).at("shape").get<std::vector<int64_t>>();
     return read_full_param(*reader, index, "main", param).view(shape);
   };
-  // module -> its lora_A / lora_B parameter (the checkpoint's name); one adapter per module
+  // module -> its lora_A / lora_B parameter (the checkpoint's name); one adapter per module.
+  // DoRA: module -> its magnitude (...q_proj.lora_magnitude_vector.default.weight), one per output row.
   std::map<std::string, std::pair<std::string, std::string>> adapters;
+  std::map<std::string, std::string> magnitudes;
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
     std::string module;
     auto [ab, adapter] = lora_part(it.key(), &module);
+    if (std::string mm = dora_magnitude_module(it.key()); !mm.empty()) magnitudes[mm] = it.key();
     if (ab.empty()) continue;
     auto& slot = adapters[module];
     (ab == "lora_A" ? slot.first : slot.second) = it.key();
@@ -828,6 +831,13 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
       std::string module;
       auto [ab, adapter] = lora_part(it.key(), &module);
       const bool frozen = it.value().value("frozen", false);
+      if (std::string mm = dora_magnitude_module(it.key()); !mm.empty()) {
+        // PEFT saves a DoRA magnitude as ...q_proj.lora_magnitude_vector (adapter name and .weight dropped)
+        const std::string param = it.key();
+        entries.push_back({mm + ".lora_magnitude_vector", it.value()["shape"].get<std::vector<int64_t>>(),
+                           [full, param] { return full(param); }});
+        continue;
+      }
       if (ab.empty()) {
         const std::string saved = saved_module_name(it.key());
         if (!saved.empty()) {  // modules_to_save: in PEFT's files under the wrapped module's name
@@ -898,7 +908,7 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
   const bool fan_in_fan_out = peft.value("fan_in_fan_out", false);
   const bool tied = hf.value("tie_word_embeddings", false);
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
-    if (!lora_part(it.key(), nullptr).first.empty()) continue;
+    if (!lora_part(it.key(), nullptr).first.empty() || !dora_magnitude_module(it.key()).empty()) continue;
     const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     const std::string param = it.key();
     std::function<at::Tensor()> read = [full, param] { return full(param); };
@@ -908,10 +918,15 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
       if (ad != adapters.end()) {
         const std::string a = ad->second.first, b = ad->second.second;
         const double scaling = scaling_of.at(ad->first);
-        read = [full, param, a, b, scaling, fan_in_fan_out] {
+        auto mag = magnitudes.find(ad->first);
+        const std::string m = mag == magnitudes.end() ? std::string() : mag->second;
+        read = [full, param, a, b, m, scaling, fan_in_fan_out] {
           at::Tensor w = full(param).to(at::kFloat);
-          at::Tensor delta = at::matmul(full(b).to(at::kFloat), full(a).to(at::kFloat)).mul_(scaling);
-          return w.add(fan_in_fan_out ? delta.t() : delta);
+          if (fan_in_fan_out) w = w.t();  // [out, in] from here on
+          at::Tensor merged = w + at::matmul(full(b).to(at::kFloat), full(a).to(at::kFloat)).mul_(scaling);
+          // DoRA (PEFT's merge): each output row rescaled to its magnitude, m / ||W + s B A||_row
+          if (!m.empty()) merged = merged * (full(m).to(at::kFloat) / at::linalg_vector_norm(merged, 2, {1})).unsqueeze(1);
+          return fan_in_fan_out ? merged.t().contiguous() : merged;
         };
       }
     }

@@ -98,7 +98,17 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
     // transformers names, its adapters kept as exported when the files lack them (PEFT's own
     // from_pretrained + get_peft_model: pretrained base, fresh adapters).
     bool peft = false;
-    for (const auto& p : model.params()) peft = peft || is_lora_param(p.name);
+    for (const auto& p : model.params()) {
+      peft = peft || is_lora_param(p.name);
+      // DoRA's magnitudes are the row norms of the base weights the adapter was made on; other base
+      // weights loaded under them would make a different model than PEFT's from_pretrained +
+      // get_peft_model (which computes them from the loaded weights).
+      if (p.name.find(".lora_magnitude_vector.") != std::string::npos)
+        throw ConfigError(cfg.where("model.init_from") + ": " + model.path() +
+                          " has DoRA adapters (" + p.name + "), whose magnitudes were computed from the base weights "
+                          "at export; export the model from the HF directory with its weights instead "
+                          "(scripts/export_hf.py --model-dir DIR --lora-dora, without --random-init) and drop model.init_from");
+    }
     std::vector<const Source*> of_param(model.params().size(), nullptr);
     std::set<std::string> used;
     std::vector<std::string> missing, misshaped;

@@ -150,6 +150,15 @@ std::pair<std::string, std::string> lora_part(const std::string& name, std::stri
   return {};
 }
 
+std::string dora_magnitude_module(const std::string& name) {
+  static const std::string tag = ".lora_magnitude_vector.";
+  auto at = name.find(tag);
+  if (at == std::string::npos) return {};
+  auto dot = name.find('.', at + tag.size());
+  if (dot == std::string::npos || name.substr(dot) != ".weight") return {};
+  return name.substr(0, at);
+}
+
 int64_t ModelParam::global_numel() const {
   int64_t n = 1;
   for (int64_t d : global_shape()) n *= d;

@@ -129,6 +129,9 @@ class Model {
 std::string peft_to_hf_name(const std::string& name);
 bool is_lora_param(const std::string& name);
 std::pair<std::string, std::string> lora_part(const std::string& name, std::string* module);
+// The adapted module of a DoRA magnitude (...q_proj.lora_magnitude_vector.ADAPTER.weight -> ...q_proj),
+// else "".
+std::string dora_magnitude_module(const std::string& name);
 
 // "__torch__.___torch_mangle_3.Block" -> "Block"; "__torch__.model.Block" -> "model.Block" kept
 // for qualified matching by qualified_class_name().

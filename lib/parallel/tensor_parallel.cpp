@@ -146,13 +146,30 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
   a.split_dim.assign(n, -1);
   a.parts.assign(n, {});
   a.grad_sum.assign(n, false);
+  if (tp > 1)
+    for (const auto& p : model.params())
+      // DoRA scales each output row of W + s B A by m / ||W + s B A||_row, a norm over the whole input
+      // dimension: a rowwise split would take it over one TP rank's columns and train a different model.
+      if (!dora_magnitude_module(p.name).empty())
+        throw ConfigError(cfg.where("distributed.tp_size") + ": distributed.tp_size is " + std::to_string(tp) +
+                          " but " + model.path() + " has DoRA adapters (" + p.name +
+                          "), which mfsdp does not split over tensor parallelism; train it with tp_size 1 "
+                          "(dp_shard and cp shard it)");
   if (plan.entries.empty()) {
-    if (tp > 1)
+    if (tp > 1) {
+      // The exporter's reason for storing no plan (hf_export.json tp_plan_note), e.g. DoRA adapters.
+      std::string why;
+      if (!model.stored_hf_export().empty()) {
+        auto j = nlohmann::json::parse(model.stored_hf_export(), nullptr, false);
+        if (j.is_object() && j.contains("tp_plan_note") && j["tp_plan_note"].is_string())
+          why = " (the exporter: " + j["tp_plan_note"].get<std::string>() + ")";
+      }
       throw ConfigError(cfg.where("distributed.tp_size") + ": distributed.tp_size is " + std::to_string(tp) +
-                        " but there is no tensor-parallel plan: " + model.path() +
-                        " stores none and the config gives no distributed.tp_plan. Give one, e.g.\n"
+                        " but there is no tensor-parallel plan: " + model.path() + " stores none" + why +
+                        " and the config gives no distributed.tp_plan. Give one, e.g.\n"
                         "  tp_plan: {\"blocks.*.attn.c_attn\": \"colwise:3\", \"blocks.*.attn.c_proj\": rowwise, ...}\n"
                         "The model's modules:\n" + model.module_tree());
+    }
     return a;
   }
   // Parameter index by every name (aliases included).

@@ -95,15 +95,22 @@ extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-void make_dirs(const std::string& path) {
+// Creates `path` and its missing parents; returns the directories it created, outermost first
+// (a run that fails in set-up removes them again if they are still empty).
+std::vector<std::string> make_dirs(const std::string& path) {
+  std::vector<std::string> created;
   std::string cur;
   for (size_t i = 0; i <= path.size(); ++i) {
     if (i == path.size() || path[i] == '/') {
-      if (!cur.empty() && ::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-        throw UserError(cur + ": cannot create the run directory (run_dir): " + std::strerror(errno));
+      if (!cur.empty()) {
+        if (::mkdir(cur.c_str(), 0755) == 0) created.push_back(cur);
+        else if (errno != EEXIST)
+          throw UserError(cur + ": cannot create the run directory (run_dir): " + std::strerror(errno));
+      }
     }
     if (i < path.size()) cur += path[i];
   }
+  return created;
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {
@@ -140,7 +147,15 @@ class Trainer {
   explicit Trainer(const Config& cfg) : cfg_(cfg) {}
 
   TrainResult run() {
-    setup();
+    try {
+      setup();
+    } catch (...) {
+      // Bad input found in set-up (a model that does not load, a plan that does not fit, a
+      // checkpoint that does not match) leaves nothing behind: the run directory this run created
+      // goes again, innermost first, where nothing else has been written into it.
+      for (auto it = created_dirs_.rbegin(); it != created_dirs_.rend(); ++it) ::rmdir(it->c_str());
+      throw;
+    }
     setup_peak_mib_ = peak_memory_mib();
     TrainResult result;
     result.resumed_from = start_step_;
@@ -236,11 +251,7 @@ class Trainer {
                       "use mpirun --bind-to none or --map-by slot:PE={}, or srun --cpus-per-task={}",
                       threads, rank_, mine, threads, threads));
 
-    if (rank0_) {
-      make_dirs(cfg_.run_dir);
-      write_file_atomically(cfg_.run_dir + "/config.yaml", "# resolved config of this run (source: " + cfg_.source +
-                                                               ")\n" + to_yaml(cfg_));
-    }
+    if (rank0_) created_dirs_ = make_dirs(cfg_.run_dir);  // the watchdog's dumps go there from here on
     FlightRecorder::instance().start_watchdog(cfg_.distributed.timeout_s, cfg_.run_dir, rank_, world_);
     log_placement(threads);
     for (const auto& w : cfg_.warnings) log("warning: " + w);
@@ -327,6 +338,11 @@ class Trainer {
         log("tensorboard: " + tensorboard_->path() + " (tensorboard --logdir " + cfg_.run_dir + "/tensorboard)");
       }
     }
+    // Written once set-up has passed: a run refused for its model, plan or checkpoint leaves no
+    // config.yaml claiming a run directory.
+    if (rank0_)
+      write_file_atomically(cfg_.run_dir + "/config.yaml",
+                            "# resolved config of this run (source: " + cfg_.source + ")\n" + to_yaml(cfg_));
     install_stop_signal_handlers();
     // auto: a bar only on a terminal of our own; under mpirun/srun a rank's stdout may be a pty that
     // the launcher forwards into a file or pipe, so launched jobs print plain lines.
@@ -723,6 +739,7 @@ class Trainer {
   std::vector<ReadyBatch> prefetched_;  // batches of step prefetched_step_, already on the device
   int64_t prefetched_step_ = -1;
   int rank_ = 0, world_ = 1;
+  std::vector<std::string> created_dirs_;  // by this run's make_dirs (removed if set-up fails)
   bool rank0_ = true, progress_ = false;
   MeshShape shape_;
   std::unique_ptr<DeviceMesh> mesh_;

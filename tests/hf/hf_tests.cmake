@@ -164,8 +164,26 @@ foreach(cfg "llama_lora;n1;1;0" "llama_lora;s0_n4;4;0" "qwen2_lora;s1_n2;2;1" "g
 endforeach()
 mfsdp_hf_run(hf_qwen2_lora_cp2_s3_n2 2 qwen2_lora distributed.cp_size=2 distributed.zero_dp_strategy=3)
 list(APPEND lora_runs hf_qwen2_lora_cp2_s3_n2)
+# DoRA: lora_A, lora_B and each adapted layer's magnitude train (PEFT's DoRA forward, traced), at 1
+# and 2 ranks and with CP; its exports below (merged: each row rescaled to its magnitude).
+mfsdp_hf_run(hf_llama_dora_n1 1 llama_dora)
+mfsdp_hf_run(hf_llama_dora_s3_n2 2 llama_dora distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_llama_dora_cp2_s1_n2 2 llama_dora distributed.cp_size=2 distributed.zero_dp_strategy=1)
+list(APPEND lora_runs hf_llama_dora_n1 hf_llama_dora_s3_n2 hf_llama_dora_cp2_s1_n2)
+add_test(NAME hf_dora_init_from_refused
+         COMMAND ${EXPECT} 2 "has DoRA adapters .*whose magnitudes were computed from the base weights at export" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_dora.pt
+                 run_dir=${FX}/hf_dora_init model.init_from=${HFX}/llama_pretrained)
+set_tests_properties(hf_dora_init_from_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models;hf_init_weights" PROCESSORS 2
+                     TIMEOUT 120)
+add_test(NAME hf_dora_tp_refused
+         COMMAND ${EXPECT} 2 "has DoRA adapters .*which mfsdp does not split over tensor parallelism" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_dora.pt
+                 run_dir=${FX}/hf_dora_tp distributed.tp_size=2
+                 "distributed.tp_plan={'*.q_proj.base_layer': colwise}")
+set_tests_properties(hf_dora_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
 # export: the merged model for transformers, and --only-trainable PEFT's adapter directory for peft.
-foreach(m qwen2_lora gpt2_lora llama_lora)
+foreach(m qwen2_lora gpt2_lora llama_lora llama_dora)
   mfsdp_hf_run(hf_${m}_ckpt_s3_n2 2 ${m} distributed.zero_dp_strategy=3 training.max_steps=6
                checkpoint.dir=${FX}/hf_${m}_ckpt_s3_n2/ckpt checkpoint.save_final=true checkpoint.resume=none)
   add_test(NAME hf_export_${m}
@@ -310,7 +328,7 @@ add_test(NAME hf_export_options
          COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/check_export_options.py ${PROJECT_SOURCE_DIR} ${HFX}/llama_noplan.pt)
 set_tests_properties(hf_export_options PROPERTIES FIXTURES_REQUIRED hf_models FIXTURES_SETUP hf_noplan TIMEOUT 300)
 add_test(NAME hf_no_plan_tp_refused
-         COMMAND ${EXPECT} 2 "stores none and the config gives no distributed.tp_plan" --
+         COMMAND ${EXPECT} 2 "stores none \\(the exporter: no tensor-parallel plan \\(--tp-plan none\\)\\) and the config gives no distributed.tp_plan" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_noplan.pt run_dir=${FX}/hf_noplan
                  distributed.tp_size=2)
 set_tests_properties(hf_no_plan_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_noplan" PROCESSORS 2 TIMEOUT 120)

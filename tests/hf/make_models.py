@@ -69,6 +69,9 @@ MODELS |= {
     "qwen2_lora": MODELS["qwen2"] + ["--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj", "k_proj", "v_proj",
                                      "o_proj", "gate_proj", "up_proj", "down_proj"],
     "gpt2_lora": MODELS["gpt2"] + ["--lora-r", "4", "--lora-alpha", "16"],
+    # DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted layer.
+    "llama_dora": MODELS["llama"] + ["--lora-r", "4", "--lora-alpha", "8", "--lora-dora", "--lora-targets", "q_proj",
+                                     "v_proj", "o_proj"],
     # Traced in bf16 (export_hf.py --dtype bf16): its weights stored and its casts recorded in bf16.
     "llama_bf16": MODELS["llama"] + ["--dtype", "bf16"],
 }
