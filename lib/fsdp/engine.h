@@ -71,6 +71,9 @@ class ParallelEngine {
   // Highest bytes held by the engine (persistent + gathered weights + gradients in flight) since
   // the last call; each call starts a new window.
   virtual int64_t take_peak_bytes() = 0;
+  // Of that window (the one the last take_peak_bytes() closed): the highest bytes of gathered unit
+  // weights alone (strategy 3; 0 otherwise), independent of when reductions finish.
+  virtual int64_t gathered_peak_bytes() const = 0;
   // Strategy 3: all-gathers of unit weights issued since the engine was built (0 otherwise).
   virtual int64_t gathers_issued() const = 0;
 };

@@ -32,10 +32,11 @@ void MetricsWriter::write(const StepMetrics& m) {
   std::string line = fmt::format(
       "{{\"step\": {}, \"loss\": {}, \"lr\": {}, \"grad_norm\": {}, \"tokens_per_s\": {}, \"step_time_s\": {}, "
       "\"tflops_per_rank\": {}, \"mfu\": {}, \"peak_mem_mib\": {}, \"consumed_samples\": {}, "
-      "\"mem_weights\": {}, \"mem_main_weights\": {}, \"mem_grads\": {}, \"mem_optimizer\": {}, \"mem_fsdp_peak\": {}",
+      "\"mem_weights\": {}, \"mem_main_weights\": {}, \"mem_grads\": {}, \"mem_optimizer\": {}, \"mem_fsdp_peak\": {}, "
+      "\"mem_gathered_peak\": {}",
       m.step, num(m.loss), num(m.lr), num(m.grad_norm), num(m.tokens_per_s), num(m.step_time_s),
       num(m.tflops_per_rank), num(m.mfu), num(m.peak_mem_mib), m.consumed_samples, m.mem_weights, m.mem_main_weights,
-      m.mem_grads, m.mem_optimizer, m.mem_fsdp_peak);
+      m.mem_grads, m.mem_optimizer, m.mem_fsdp_peak, m.mem_gathered_peak);
   if (m.val_loss) line += fmt::format(", \"val_loss\": {}", num(*m.val_loss));
   line += fmt::format(", \"unit_gathers\": {}, \"skipped_total\": {}, \"data_wait_s\": {}", m.unit_gathers,
                       m.skipped_total, num(m.data_wait_s));

@@ -16,6 +16,7 @@ struct StepMetrics {
   // This rank's bytes (rank 0's in the file): weights, separate main weights, main gradients,
   // optimizer state, and the peak the FSDP engine held during the step.
   int64_t mem_weights = 0, mem_main_weights = 0, mem_grads = 0, mem_optimizer = 0, mem_fsdp_peak = 0;
+  int64_t mem_gathered_peak = 0;  // strategy 3: the most gathered unit-weight bytes held in the step
   std::optional<double> val_loss;
   bool skipped = false;      // NaN/Inf gradients and the step was not applied
   int64_t skipped_total = 0;  // steps skipped so far in this run

@@ -629,6 +629,7 @@ class Trainer {
     m.mem_grads = mem.grads;
     for (const auto& st : optimizer_->state()) m.mem_optimizer += int64_t(st.second.nbytes());
     m.mem_fsdp_peak = engine_->take_peak_bytes() + m.mem_optimizer;
+    m.mem_gathered_peak = engine_->gathered_peak_bytes();
     if (m.step == 1)
       log(fmt::format("memory on rank {}: weights {}, main weights {}, gradients {}, optimizer state {}; peak held "
                       "during step 1 {} (process peak RSS {:.0f} MiB, {:.0f} MiB before the first step)",

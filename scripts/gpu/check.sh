@@ -66,16 +66,21 @@ rm -f "$res"/.bin_err "$res"/.cmake.log "$res"/.ninja.log
 "$bin" validate -n 1 --check-cuda -q training.device=cuda | tail -2
 stamp "mfsdp: $bin"
 
+# MFSDP_GPU_STAGES=bench: the benchmark alone (a rerun with other MFSDP_BENCH_ARGS, e.g. --micro 8).
+stages=${MFSDP_GPU_STAGES:-tests,bench}
+tests_rc=0
+if [[ $stages == *tests* ]]; then
 stamp "GPU tests"
 timeout 210 "$PY" "$here/tests/gpu/gpu_tests.py" --bin "$bin" --work /tmp/mfsdp_gpu_tests --report "$res/gpu_tests.md" ${MFSDP_GPU_TESTS_ARGS:-} \
     > "$res/gpu_tests.log" 2>&1
 tests_rc=$?
 tail -40 "$res/gpu_tests.md" 2>/dev/null || tail -40 "$res/gpu_tests.log"
 stamp "GPU tests: rc $tests_rc"
+fi
 
 stamp "benchmark"
 timeout 210 "$PY" "$here/bench/gpu_llama.py" --bin "$bin" --work /tmp/mfsdp_gpu_bench --results "$res/results_gpu.md" \
-    --metrics "$res/bench_metrics.jsonl" > "$res/bench.log" 2>&1
+    --metrics "$res/bench_metrics.jsonl" ${MFSDP_BENCH_ARGS:-} > "$res/bench.log" 2>&1
 bench_rc=$?
 cat "$res/results_gpu.md" 2>/dev/null || tail -40 "$res/bench.log"
 stamp "benchmark: rc $bench_rc"

@@ -7,8 +7,11 @@ Both runs train MODEL (strategy 3) identically but for activation_checkpointing.
 their metrics.jsonl at every step:
   - unit_gathers (all-gathers of unit weights issued in the step) is 2 x units x K in both: one
     gather per unit for forward, one for recompute and backward together;
-  - the highest mem_fsdp_peak (the most the engine held in a step) with checkpointing is at most
-    the highest without it plus half of one unit's bytes (the recompute keeps no other unit).
+  - mem_gathered_peak (the most gathered unit-weight bytes held in the step) with checkpointing
+    equals that without it, every step: the recompute keeps no other unit (one more would be a
+    unit's bytes, 199936 B for gpt4). mem_fsdp_peak, which adds the gradients in flight, moves
+    with when the progress thread finishes a reduction (CI once measured 0.58 of a unit between
+    two identical schedules on a loaded machine), so it is printed, not compared.
 """
 import argparse
 import json
@@ -43,14 +46,16 @@ def main():
             print(f"step {p['step']}: unit gathers {p['unit_gathers']} without, {c['unit_gathers']} with "
                   f"checkpointing; expected {want} (2 x {len(blocks)} units x {a.micro_batches} micro-batches)")
             ok = False
-    # The engine peak of a step moves by a gradient buffer with the timing of the reductions (the
-    # progress thread): compare the highest of all steps.
+    for p, c in zip(plain, ac):
+        if c["mem_gathered_peak"] != p["mem_gathered_peak"] or p["mem_gathered_peak"] <= 0:
+            print(f"step {p['step']}: gathered weights peak {c['mem_gathered_peak']} B with checkpointing, "
+                  f"{p['mem_gathered_peak']} B without (unit {unit_bytes} B)")
+            ok = False
     peak_plain, peak_ac = max(p["mem_fsdp_peak"] for p in plain), max(c["mem_fsdp_peak"] for c in ac)
-    if peak_ac > peak_plain + unit_bytes // 2:
-        print(f"engine peak {peak_ac} B with checkpointing > {peak_plain} B without + half a unit ({unit_bytes // 2} B)")
-        ok = False
-    print(f"{len(ac)} steps: {want} unit gathers per step expected; highest engine peak {peak_ac} B with, "
-          f"{peak_plain} B without checkpointing (unit {unit_bytes} B): {'OK' if ok else 'FAILED'}")
+    print(f"{len(ac)} steps: {want} unit gathers per step expected; gathered weights peak "
+          f"{ac[-1]['mem_gathered_peak']} B with, {plain[-1]['mem_gathered_peak']} B without checkpointing "
+          f"(unit {unit_bytes} B); engine peak with gradients in flight {peak_ac} / {peak_plain} B: "
+          f"{'OK' if ok else 'FAILED'}")
     sys.exit(0 if ok else 1)
 
 
