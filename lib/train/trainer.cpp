@@ -704,6 +704,7 @@ class Trainer {
         {"train/data_wait_s", m.data_wait_s},
         {"memory/peak_rss_mib", m.peak_mem_mib},
         {"memory/fsdp_peak_bytes", double(m.mem_fsdp_peak)},
+        {"memory/gathered_peak_bytes", double(m.mem_gathered_peak)},
     };
     if (m.val_loss) v.push_back({"valid/loss", *m.val_loss});
     if (m.on_device) {

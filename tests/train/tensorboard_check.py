@@ -18,7 +18,8 @@ TAGS = {
     "train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm", "train/tokens_per_s": "tokens_per_s",
     "train/tflops_per_rank": "tflops_per_rank", "train/mfu": "mfu", "train/step_time_s": "step_time_s",
     "train/skipped_total": "skipped_total", "train/data_wait_s": "data_wait_s", "memory/peak_rss_mib": "peak_mem_mib",
-    "memory/fsdp_peak_bytes": "mem_fsdp_peak", "valid/loss": "val_loss",
+    "memory/fsdp_peak_bytes": "mem_fsdp_peak", "memory/gathered_peak_bytes": "mem_gathered_peak",
+    "valid/loss": "val_loss",
 }
 
 
