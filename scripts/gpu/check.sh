@@ -66,9 +66,9 @@ rm -f "$res"/.bin_err "$res"/.cmake.log "$res"/.ninja.log
 "$bin" validate -n 1 --check-cuda -q training.device=cuda | tail -2
 stamp "mfsdp: $bin"
 
-# MFSDP_GPU_STAGES=bench: the benchmark alone (a rerun with other MFSDP_BENCH_ARGS, e.g. --micro 8).
+# MFSDP_GPU_STAGES=tests or =bench: one stage alone (e.g. a benchmark rerun with MFSDP_BENCH_ARGS="--micro 8").
 stages=${MFSDP_GPU_STAGES:-tests,bench}
-tests_rc=0
+tests_rc=0 bench_rc=0
 if [[ $stages == *tests* ]]; then
 stamp "GPU tests"
 timeout 210 "$PY" "$here/tests/gpu/gpu_tests.py" --bin "$bin" --work /tmp/mfsdp_gpu_tests --report "$res/gpu_tests.md" ${MFSDP_GPU_TESTS_ARGS:-} \
@@ -78,11 +78,13 @@ tail -40 "$res/gpu_tests.md" 2>/dev/null || tail -40 "$res/gpu_tests.log"
 stamp "GPU tests: rc $tests_rc"
 fi
 
+if [[ $stages == *bench* ]]; then
 stamp "benchmark"
 timeout 210 "$PY" "$here/bench/gpu_llama.py" --bin "$bin" --work /tmp/mfsdp_gpu_bench --results "$res/results_gpu.md" \
     --metrics "$res/bench_metrics.jsonl" ${MFSDP_BENCH_ARGS:-} > "$res/bench.log" 2>&1
 bench_rc=$?
 cat "$res/results_gpu.md" 2>/dev/null || tail -40 "$res/bench.log"
 stamp "benchmark: rc $bench_rc"
+fi
 stamp "done"
 [ $tests_rc -eq 0 ] && [ $bench_rc -eq 0 ]
