@@ -115,6 +115,12 @@ BUILTIN_TP_PLANS = {
     "opt": {"decoder.layers.*.self_attn.q_proj": "colwise", "decoder.layers.*.self_attn.k_proj": "colwise",
             "decoder.layers.*.self_attn.v_proj": "colwise", "decoder.layers.*.self_attn.out_proj": "rowwise",
             "decoder.layers.*.fc1": "colwise", "decoder.layers.*.fc2": "rowwise"},
+    # GPT-Neo: separate q/k/v projections viewed by the constant head count (made local), the MLP's
+    # c_fc/c_proj plain Linears; GPTNeoModel views ln_f's output to the input's whole-sequence shape,
+    # as GPT-2 does (sequence_parallel_gather).
+    "gpt_neo": {"h.*.attn.attention.q_proj": "colwise", "h.*.attn.attention.k_proj": "colwise",
+                "h.*.attn.attention.v_proj": "colwise", "h.*.attn.attention.out_proj": "rowwise",
+                "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise", "ln_f": "sequence_parallel_gather"},
 }
 
 

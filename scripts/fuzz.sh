@@ -2,6 +2,7 @@
 # libFuzzer over mfsdp's parsers (fuzz/), with AddressSanitizer and UndefinedBehaviorSanitizer.
 #   scripts/fuzz.sh [SECONDS] [TARGET ...]     # default 60 s per target, every target
 #   FUZZ_RUNS=3000 scripts/fuzz.sh              # 3000 inputs per target from seed 1 (CI: deterministic)
+#   FUZZ_OPT=-O0 scripts/fuzz.sh                # faster to build, slower to run (CI: -O0, 1000 inputs)
 # Targets: config tokenizer_json tiktoken encode indexed_dataset safetensors checkpoint_index compressed.
 # Builds with clang into build-fuzz/ (FUZZ_BUILD_DIR), replays every kept regression input
 # (fuzz/regressions/TARGET/: inputs that once crashed, fixed since), then fuzzes each target from its
@@ -17,11 +18,13 @@ all=(config tokenizer_json tiktoken encode indexed_dataset safetensors checkpoin
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ not found (Debian package clang)" >&2; exit 2; }
-if [ ! -f "$B/CMakeCache.txt" ]; then
+opt=${FUZZ_OPT:--O1}
+if [ ! -f "$B/CMakeCache.txt" ] || ! grep -qx -- "MFSDP_FUZZ_OPT:STRING=$opt" "$B/CMakeCache.txt"; then
   fmt_inc=$(.venv/bin/python -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "include"))')
   generator=()
   command -v ninja >/dev/null && generator=(-G Ninja)
-  CXX=clang++ cmake -S fuzz -B "$B" "${generator[@]}" -DMFSDP_FMT_INCLUDE="$fmt_inc" > "$B.cmake.log" 2>&1 ||
+  CXX=clang++ cmake -S fuzz -B "$B" "${generator[@]}" -DMFSDP_FMT_INCLUDE="$fmt_inc" -DMFSDP_FUZZ_OPT="$opt" \
+      > "$B.cmake.log" 2>&1 ||
     { cat "$B.cmake.log" >&2; exit 1; }
 fi
 cmake --build "$B" -j "${JOBS:-2}" > "$B/build.log" 2>&1 || { tail -30 "$B/build.log" >&2; exit 1; }

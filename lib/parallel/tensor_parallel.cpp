@@ -747,6 +747,7 @@ class TensorParallelImpl final : public TensorParallel {
       Value* b = lin->input(2)->type()->kind() == c10::TypeKind::NoneType ? nullptr : at_call_site(lin->input(2), node);
       if (!w || (lin->input(2)->type()->kind() != c10::TypeKind::NoneType && !b))
         throw ConfigError(a_.plan_source + ": rowwise module " + path + ": cannot follow its weight and bias to the call site");
+      if (k == "rowwise") localise_merge_view(x, path);
       Value* z = insert_op(g, "aten::linear", {x, w}, node->output()->type());
       Value* y = insert_op(g, "mfsdp::tp_reduce", {z}, z->type());
       if (b) y = insert_op(g, "aten::add", {y, b}, y->type());
@@ -857,6 +858,39 @@ class TensorParallelImpl final : public TensorParallel {
       }
     };
     follow(y, 0);
+  }
+
+  // The mirror image at a rowwise projection's input: heads merged back with a constant width. A
+  // trace of GPT-Neo's _merge_heads, view(B, T, num_heads * head_dim), bakes the global width in,
+  // while this rank holds only its heads (the view would fail on the element count). The width
+  // becomes this rank's. Recognised: aten::view / aten::reshape producing the input, directly or
+  // through up to three elementwise ops, whose size list ends in the weight's global input width
+  // (its split dimension), divisible by tp_size.
+  void localise_merge_view(Value* x, const std::string& path) {
+    int64_t width = 0;
+    for (const auto& p : model_.params())
+      if (p.name == path + ".weight" && p.tp.split() && size_t(p.tp.dim) < p.tp.global_shape.size())
+        width = p.tp.global_shape[size_t(p.tp.dim)];
+    if (width == 0 || width % size_ != 0) return;
+    Value* v = x;
+    for (int depth = 0; depth <= 3; ++depth) {
+      Node* n = v->node();
+      const auto kind = n->kind();
+      if ((kind == c10::aten::view || kind == c10::aten::reshape) && n->inputs().size() == 2) {
+        Node* list = n->input(1)->node();
+        if (list->kind() != c10::prim::ListConstruct || list->inputs().empty()) return;
+        const size_t last = list->inputs().size() - 1;
+        auto c = torch::jit::toIValue(list->input(last));
+        if (!c || !c->isInt() || c->toInt() != width) return;
+        torch::jit::WithInsertPoint at(list);
+        list->replaceInput(last, v->owningGraph()->insertConstant(width / size_));
+        return;
+      }
+      if (n->inputs().empty() || !(kind == c10::aten::mul || kind == c10::aten::div || kind == c10::aten::to ||
+                                   kind == c10::aten::contiguous || kind == c10::aten::dropout))
+        return;
+      v = n->input(0);
+    }
   }
 
   // A packed colwise output cut by constant-width aten::split(y, part, -1): the local width.

@@ -77,6 +77,8 @@ mfsdp_hf_run(hf_bloom_s3_n2 2 bloom distributed.zero_dp_strategy=3)
 # GPT-Neo's attention is a method of its own (unscaled): export_hf.py routes it through
 # mfsdp::attention, which CP replaces.
 mfsdp_hf_run(hf_gpt_neo_cp2_p2p_s3_n2 2 gpt_neo distributed.cp_size=2 distributed.cp_comm_type=p2p distributed.zero_dp_strategy=3)
+# GPT-Neo under TP and SP on export_hf.py's own plan (its config has none).
+mfsdp_hf_run(hf_gpt_neo_tp2_sp_s1_n4 4 gpt_neo distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=1)
 mfsdp_hf_run(hf_bloom_s1_n4 4 bloom distributed.zero_dp_strategy=1)
 mfsdp_hf_run(hf_falcon_cp2_s3_n2 2 falcon distributed.cp_size=2 distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_falcon_cp2_p2p_s0_n4 4 falcon distributed.cp_size=2 distributed.cp_comm_type=p2p distributed.zero_dp_strategy=0)
@@ -90,7 +92,7 @@ mfsdp_hf_run(hf_mixtral_tp2_s1_n2 2 mixtral distributed.tp_size=2 distributed.ze
 mfsdp_hf_run(hf_mixtral_tp2_sp_s3_n4 4 mixtral distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_olmo2_tp2_sp_s3_n4 4 olmo2 distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_olmo2_tp2_cp2_s1_n4 4 olmo2 distributed.tp_size=2 distributed.cp_size=2 distributed.zero_dp_strategy=1)
-list(APPEND hf_runs hf_bloom_s3_n2 hf_gpt_neo_cp2_p2p_s3_n2 hf_bloom_s1_n4 hf_falcon_cp2_s3_n2 hf_falcon_cp2_p2p_s0_n4 hf_mixtral_s3_n4
+list(APPEND hf_runs hf_bloom_s3_n2 hf_gpt_neo_cp2_p2p_s3_n2 hf_gpt_neo_tp2_sp_s1_n4 hf_bloom_s1_n4 hf_falcon_cp2_s3_n2 hf_falcon_cp2_p2p_s0_n4 hf_mixtral_s3_n4
      hf_mixtral_cp2_s2_n2 hf_llama4_text_s2_n2 hf_olmo2_tp2_sp_s3_n4 hf_olmo2_tp2_cp2_s1_n4 hf_mixtral_tp2_s1_n2
      hf_mixtral_tp2_sp_s3_n4)
 mfsdp_oracle(hf_families RUNS ${hf_runs})
