@@ -93,6 +93,25 @@ using Clock = std::chrono::steady_clock;
 std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
+// The directories rank 0 made for this run, innermost last, while set-up runs: a rank that fails in
+// set-up aborts the job, and mpirun/srun then TERM the others (rank 0 waiting in a collective)
+// before they can unwind. The handler removes those directories where they are still empty
+// (rmdir is async-signal-safe; a flight record dumped into one keeps it) and dies of the signal.
+char g_setup_dirs[32][4096];
+std::atomic<int> g_setup_ndirs{0};
+extern "C" void on_setup_kill(int sig) {
+  for (int i = g_setup_ndirs.load() - 1; i >= 0; --i) ::rmdir(g_setup_dirs[i]);
+  std::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+void guard_setup_dirs(const std::vector<std::string>& dirs) {
+  int n = 0;  // the innermost 32 (an outer one cannot go before them)
+  for (size_t i = dirs.size() > 32 ? dirs.size() - 32 : 0; i < dirs.size(); ++i)
+    if (dirs[i].size() < sizeof g_setup_dirs[0]) std::snprintf(g_setup_dirs[n++], sizeof g_setup_dirs[0], "%s", dirs[i].c_str());
+  g_setup_ndirs.store(n);
+  std::signal(SIGTERM, on_setup_kill);  // until install_stop_signal_handlers (SIGINT stays main's)
+}
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Creates `path` and its missing parents; returns the directories it created, outermost first
@@ -251,7 +270,10 @@ class Trainer {
                       "use mpirun --bind-to none or --map-by slot:PE={}, or srun --cpus-per-task={}",
                       threads, rank_, mine, threads, threads));
 
-    if (rank0_) created_dirs_ = make_dirs(cfg_.run_dir);  // the watchdog's dumps go there from here on
+    if (rank0_) {
+      created_dirs_ = make_dirs(cfg_.run_dir);  // the watchdog's dumps go there from here on
+      guard_setup_dirs(created_dirs_);
+    }
     FlightRecorder::instance().start_watchdog(cfg_.distributed.timeout_s, cfg_.run_dir, rank_, world_);
     log_placement(threads);
     for (const auto& w : cfg_.warnings) log("warning: " + w);
@@ -329,6 +351,12 @@ class Trainer {
         log(init_weights_from(cfg_, *pg_, *model_, *engine_));
     }
     if (!cfg_.checkpoint.dir) ckpt_.reset();  // resumed from a path, saving nowhere
+    // Every rank has passed set-up before rank 0 writes into the run directory: a rank whose own
+    // set-up failed (its model file, its memory, its checkpoint shard) has aborted the job, and
+    // rank 0, terminated while it waits here, removes the directories it made (on_setup_kill)
+    // instead of leaving a config.yaml and metrics.jsonl of a run that never trained.
+    at::Tensor ready = at::ones({1}, at::kLong);
+    pg_->get(MeshGroup::kWorld).all_reduce(ready, ReduceOp::kSum);
     if (rank0_) {
       const std::string path = cfg_.run_dir + "/metrics.jsonl";
       if (start_step_ > 0) truncate_metrics(path, start_step_);  // drop steps the resumed run will redo
