@@ -51,8 +51,14 @@ the same training only if the Function's backward is its forward's derivative, s
 compares every parameter's gradient of the traced model with the HF model's (its own backward) on
 the trace batch and fails, naming the Functions, where they differ.
 
-Dropout: a trace fixes the train/eval mode of dropout, so every dropout probability in the config is
-set to 0 (printed); the oracle and `export --format hf` see the same zeros.
+Dropout: a trace fixes the train/eval mode of dropout. By default (--dropout zero) every dropout
+probability in the config, and PEFT's lora_dropout, is set to 0 (printed); the oracle and
+`export --format hf` see the same zeros. With --dropout config they are kept and the model is traced
+in training mode, so the file drops activations with the config's probabilities (aten::dropout
+with train=True, sdpa's dropout_p); mfsdp makes those calls follow train()/eval() when it loads the
+file (off in validation) and seeds the random generator per data-parallel rank (README "Dropout").
+The trace check then runs the HF model and the trace from the same generator state: equal masks.
+--lora-dropout P sets a new adapter's lora_dropout (kept whatever --dropout says).
 """
 import argparse
 import contextlib
@@ -171,6 +177,7 @@ def check_inlined_gradients(model, traced, tokens, pos, used):
     def grads(fn):
         for p in params:
             p.grad = None
+        torch.manual_seed(11)  # dropout traced in training: the same masks for both
         fn(tokens, pos).float().square().mean().backward()
         return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
 
@@ -334,7 +341,7 @@ def wrap_lora(model, args):
         if getattr(pc, "peft_type", None) != peft.PeftType.LORA:
             sys.exit(f"export_hf: --adapter-dir {args.adapter_dir}: a {pc.peft_type} adapter; only LoRA is supported")
     else:
-        kw = {"r": args.lora_r, "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM"}
+        kw = {"r": args.lora_r, "lora_dropout": args.lora_dropout or 0.0, "bias": "none", "task_type": "CAUSAL_LM"}
         if args.lora_dora:
             kw["use_dora"] = True
         if args.lora_alpha is not None:
@@ -363,8 +370,10 @@ def wrap_lora(model, args):
         except ValueError as e:
             sys.exit(f"export_hf: LoRA: {e}")
         pc = wrapped.peft_config["default"]
-    if pc.lora_dropout:
-        print(f"export_hf: lora_dropout {pc.lora_dropout} -> 0 (a trace fixes dropout)", file=sys.stderr)
+    if pc.lora_dropout and (args.dropout == "config" or args.lora_dropout):
+        print(f"export_hf: lora_dropout {pc.lora_dropout} kept (active in training)", file=sys.stderr)
+    elif pc.lora_dropout:
+        print(f"export_hf: lora_dropout {pc.lora_dropout} -> 0 (--dropout config keeps it)", file=sys.stderr)
         pc.lora_dropout = 0.0
         for m in wrapped.modules():
             if isinstance(getattr(m, "lora_dropout", None), torch.nn.ModuleDict):
@@ -459,8 +468,11 @@ def build_config(args):
     for k in sorted(cfg.to_dict()):
         v = getattr(cfg, k, None)
         if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, (int, float)) and not isinstance(v, bool) and v:
-            setattr(cfg, k, 0.0)
-            notes.append(f"{k} {v} -> 0")
+            if args.dropout == "config":
+                notes.append(f"{k} {v} kept (--dropout config: active in training)")
+            else:
+                setattr(cfg, k, 0.0)
+                notes.append(f"{k} {v} -> 0 (--dropout config keeps it)")
     vocab = getattr(cfg, "vocab_size", None)
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
         v = getattr(cfg, k, None)
@@ -474,7 +486,7 @@ def build_config(args):
 ATTENTION_OP_NAME = "mfsdp_eager"
 
 
-def use_attention_op(model):
+def use_attention_op(model, training=False):
     """Eager attention through one operator, mfsdp::attention (scripts/mfsdp_ops.py), so that the
     trace has a node mfsdp's context parallelism can replace (it replaces sdpa calls; eager
     attention is otherwise loose matmuls). transformers picks a layer's attention function by
@@ -485,7 +497,8 @@ def use_attention_op(model):
     that window as an additive mask. Used only if the model's logits then equal its eager logits
     exactly on a test batch (a family whose attention is other code, BLOOM's ALiBi, never calls the
     operator; one whose eager attention computes more, say attention sinks, is refused by the
-    function). Returns the operator's name, or None with the model left as it was (printed)."""
+    function). `training`: the check runs in training mode (dropout kept), both calls from the same
+    generator state. Returns the operator's name, or None with the model left as it was (printed)."""
     import torch
     from transformers import masking_utils
     from transformers.modeling_utils import AttentionInterface
@@ -532,10 +545,13 @@ def use_attention_op(model):
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(0, cfg.vocab_size, (2, 12), generator=g)
     why = None
+    model.train(training)
     with torch.no_grad():
+        torch.manual_seed(3)
         want = model(input_ids=tokens, use_cache=False).logits
         cfg._attn_implementation = ATTENTION_OP_NAME
         try:
+            torch.manual_seed(3)
             got = model(input_ids=tokens, use_cache=False).logits
             if not calls:
                 why = "its attention does not go through transformers' attention functions"
@@ -543,6 +559,7 @@ def use_attention_op(model):
                 why = f"its logits through the operator differ from eager's by {(want - got).abs().max().item():.1e}"
         except NotImplementedError as e:
             why = str(e)
+    model.eval()
     if why is None:
         print("export_hf: eager attention as one operator, mfsdp::attention (scripts/mfsdp_ops.py; logits "
               "equal to eager's), which context parallelism can replace", file=sys.stderr)
@@ -583,15 +600,21 @@ def main(argv=None):
                     help="modules trained in full beside the adapters (PEFT's modules_to_save, e.g. lm_head)")
     ap.add_argument("--lora-dora", action="store_true",
                     help="DoRA (PEFT's use_dora): a trained magnitude per output row beside lora_A and lora_B")
+    ap.add_argument("--lora-dropout", type=float, help="a new adapter's lora_dropout (PEFT's; active in training)")
     ap.add_argument("--adapter-dir", help="an existing PEFT adapter directory to train on (adapter_config.json)")
+    ap.add_argument("--dropout", choices=["zero", "config"], default="zero",
+                    help="zero (default): every dropout probability of the config (and an adapter's lora_dropout) "
+                         "set to 0; config: kept, traced in training mode (mfsdp turns them off in evaluation)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.adapter_dir and args.lora_r:
         sys.exit("export_hf: --adapter-dir brings its own LoRA config; give it or --lora-r, not both")
     if (args.lora_alpha is not None or args.lora_targets or args.lora_rank_pattern or args.lora_alpha_pattern
-            or args.lora_modules_to_save or args.lora_dora) and not args.lora_r:
+            or args.lora_modules_to_save or args.lora_dora or args.lora_dropout is not None) and not args.lora_r:
         sys.exit("export_hf: --lora-alpha, --lora-targets, --lora-rank-pattern, --lora-alpha-pattern, "
-                 "--lora-modules-to-save and --lora-dora need --lora-r")
+                 "--lora-modules-to-save, --lora-dora and --lora-dropout need --lora-r")
+    if args.lora_dropout is not None and not 0 <= args.lora_dropout < 1:
+        sys.exit(f"export_hf: --lora-dropout {args.lora_dropout}: expected a probability in [0, 1)")
     if args.lora_r is not None and args.lora_r < 1:
         sys.exit(f"export_hf: --lora-r {args.lora_r}: expected a rank >= 1")
 
@@ -634,13 +657,23 @@ def main(argv=None):
     else:
         model = build(attention)
     model = model.eval()
-    attention_op = use_attention_op(model) if attention == "eager" else None
+    # Dropout kept (--dropout config): the trace is taken in training mode, which records it.
+    kept = sorted(k for k, v in cfg.to_dict().items() if ("dropout" in k or k.endswith("pdrop"))
+                  and isinstance(v, (int, float)) and not isinstance(v, bool) and v)
+    training = args.dropout == "config" and bool(kept)
+    attention_op = use_attention_op(model, training) if attention == "eager" else None
     hf_model = model
     adapter_config = None
     if args.lora_r or args.adapter_dir:
         model, adapter_config = wrap_lora(model, args)
+    if adapter_config is not None and adapter_config.get("lora_dropout"):
+        training = True
     if dtype != torch.float32:
         model = model.to(dtype)
+    model.train(training)
+    if training:
+        print(f"export_hf: traced in training mode: dropout {', '.join(kept + (['lora_dropout'] if adapter_config and adapter_config.get('lora_dropout') else []))} "
+              "active in training (mfsdp turns it off in evaluation)", file=sys.stderr)
 
     # The contract's forward on the HF instance itself, so that parameter names stay HF's.
     hf_forward = type(model).forward
@@ -657,11 +690,15 @@ def main(argv=None):
     inlined = set()
     with torch.no_grad(), inline_autograd_functions(inlined):
         traced = torch.jit.trace(model, (tokens, pos), check_trace=False)
-        # Another batch size and length than traced: a size the trace baked in shows here.
+        # Another batch size and length than traced: a size the trace baked in shows here. With
+        # dropout (training mode) both start from one generator state: the same masks.
         T2 = T + 8
         t2 = torch.randint(0, V, (3, T2), generator=g)
         p2 = torch.arange(T2).unsqueeze(0).expand(3, T2).contiguous()
-        want, got = model(t2, p2), traced(t2, p2)
+        torch.manual_seed(args.seed + 1)
+        want = model(t2, p2)
+        torch.manual_seed(args.seed + 1)
+        got = traced(t2, p2)
     if want.shape != got.shape or not torch.allclose(want.float(), got.float(), rtol=1e-4, atol=1e-5):
         diff = (want.float() - got.float()).abs().max().item() if want.shape == got.shape else "shapes differ"
         sys.exit(f"export_hf: the trace of {type(model).__name__} does not generalise to another batch shape "
@@ -691,6 +728,8 @@ def main(argv=None):
         "mfsdp/hf_export.json": json.dumps({
             "family": cfg.model_type, "class": type(hf_model).__name__, "attention": attention,
             "attention_op": attention_op,
+            # dropout probabilities kept (--dropout config) and traced in training mode
+            "dropout": {"mode": args.dropout, "traced_in_training": training},
             "tp_plan_note": None if plan else note,  # why no plan was stored (mfsdp's tp_size error quotes it)
             "dtype": "fp32" if dtype == torch.float32 else "bf16",  # mfsdp's model.compute_dtype must match
             "peft": adapter_config is not None,

@@ -122,6 +122,53 @@ void checkpoint_calls_in(torch::jit::Block* block, const std::set<const c10::Cla
 
 }  // namespace
 
+namespace {
+
+bool constant_equals_true(const torch::jit::Value* v) {
+  auto c = torch::jit::toIValue(v);
+  return c && c->isBool() && c->toBool();
+}
+
+void dropout_follows_mode_in(torch::jit::Block* block, torch::jit::Value* self, int& rewritten) {
+  static const std::set<c10::Symbol> kDropouts = {
+      c10::aten::dropout, c10::aten::dropout_, c10::aten::feature_dropout, c10::aten::feature_dropout_,
+      c10::aten::alpha_dropout, c10::aten::alpha_dropout_, c10::aten::feature_alpha_dropout,
+      c10::aten::feature_alpha_dropout_};
+  for (torch::jit::Node* node : block->nodes()) {
+    for (auto* sub : node->blocks()) dropout_follows_mode_in(sub, self, rewritten);
+    torch::jit::Graph& g = *node->owningGraph();
+    if (kDropouts.count(node->kind()) && node->inputs().size() == 3 && constant_equals_true(node->input(2))) {
+      torch::jit::WithInsertPoint guard(node);
+      node->replaceInput(2, g.insertGetAttr(self, "training"));
+      ++rewritten;
+    } else if (node->kind() == c10::aten::scaled_dot_product_attention && node->inputs().size() >= 5) {
+      auto p = torch::jit::toIValue(node->input(4));
+      if (!p || !p->isDouble() || p->toDouble() == 0.0) continue;
+      torch::jit::WithInsertPoint guard(node);
+      auto* on = g.insert(c10::aten::Float, {g.insertGetAttr(self, "training")});
+      node->replaceInput(4, g.insert(c10::aten::mul, {node->input(4), on}));
+      ++rewritten;
+    }
+  }
+}
+
+}  // namespace
+
+int dropout_follows_mode(torch::jit::Module& root) {
+  // One rewrite per TorchScript type (instances of a type share its graphs); `training` is an
+  // attribute of every module type.
+  std::set<const c10::ClassType*> seen;
+  int rewritten = 0;
+  for (const auto& m : root.modules()) {
+    if (!seen.insert(m.type().get()).second || !m.type()->hasAttribute("training")) continue;
+    for (const auto& method : m.get_methods()) {
+      auto& fn = torch::jit::toGraphFunction(method.function());
+      dropout_follows_mode_in(fn.graph()->block(), fn.graph()->inputs()[0], rewritten);
+    }
+  }
+  return rewritten;
+}
+
 int instrument_units(Model& model, bool checkpoint_activations) {
   std::set<const c10::ClassType*> rewritten, block_types;
   std::set<std::string> unit_paths;

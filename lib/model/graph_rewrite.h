@@ -16,6 +16,14 @@ int instrument_units(Model& model, bool checkpoint_activations);
 // The unit index instrument_units gave this module instance, or -1 (not a unit).
 int unit_index(const torch::jit::Module& m);
 
+// A trace records dropout in the mode it was traced in: aten::dropout(x, p, true) of a model traced
+// in training keeps dropping in evaluation, and sdpa's dropout_p is a constant. Makes every such
+// call follow the module's train/eval mode, as a scripted module's does: a constant-true `train`
+// argument of the dropout family becomes prim::GetAttr "training" of the graph's module, and a
+// constant nonzero dropout_p of aten::scaled_dot_product_attention becomes p * float(training).
+// Calls traced in evaluation (train false, dropout_p 0) stay off. Returns the calls rewritten.
+int dropout_follows_mode(torch::jit::Module& root);
+
 // Whether a graph value is a Tensor (not a list, tuple, scalar or module).
 bool is_tensor_value(const torch::jit::Value* v);
 

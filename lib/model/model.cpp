@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "model/graph_rewrite.h"
 #include "model/skeleton_load.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -81,6 +82,11 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   }
   if (!m.module_.find_method("forward"))
     throw UserError(path + ": the TorchScript module has no forward method");
+  // Dropout traced in training (export_hf.py --dropout config, or a trace by hand) is made to follow
+  // train()/eval(), so that validation runs without it; before any call (graph_rewrite.h).
+  if (const int n = dropout_follows_mode(m.module_); n > 0)
+    m.load_note_ += fmt::format("{}{} dropout call(s) traced in training mode: active in training, off in evaluation",
+                                m.load_note_.empty() ? "" : "; ", n);
   // Unique parameters: tensors that share storage (tied weights) become one parameter, and every
   // alias attribute is pointed at the same tensor so that autograd accumulates one gradient.
   // Identity is the storage object (meta tensors have no data pointer), offset and shape.

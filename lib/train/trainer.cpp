@@ -370,7 +370,10 @@ class Trainer {
     // config.yaml claiming a run directory.
     if (rank0_)
       write_file_atomically(cfg_.run_dir + "/config.yaml",
-                            "# resolved config of this run (source: " + cfg_.source + ")\n" + to_yaml(cfg_));
+                            "# resolved config of this run (source: " + cfg_.source + ")\n" +
+                                fmt::format("# mesh: dp_replicate {} x dp_shard {} x cp {} x tp {} ({} ranks)\n",
+                                            shape_.dp_replicate, shape_.dp_shard, shape_.cp, shape_.tp, world_) +
+                                to_yaml(cfg_));
     install_stop_signal_handlers();
     // auto: a bar only on a terminal of our own; under mpirun/srun a rank's stdout may be a pty that
     // the launcher forwards into a file or pipe, so launched jobs print plain lines.

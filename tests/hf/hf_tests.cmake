@@ -412,3 +412,45 @@ set_tests_properties(init_from_names_do_not_fit init_from_no_weights_in_dir PROP
 add_test(NAME init_from_bad_rename
          COMMAND ${EXPECT} 2 "model.init_from_rename: expected rules \"REGEX=REPLACEMENT\"" --
                  ${MFSDP_BIN} validate "model.init_from_rename=[\"(unclosed=x\"]")
+
+# Dropout kept (export_hf.py --dropout config: GPT-2's embd/resid/attn_pdrop 0.1, traced in
+# training mode; mfsdp makes the traced calls follow train/eval). Each data-parallel rank draws
+# from its own generator (training.seed + 100003 x rank), which the oracle reproduces rank by rank:
+# losses within 1e-5 of PyTorch training the transformers model with the same masks, at 1 rank,
+# under strategy 3 (with activation checkpointing replaying the masks), HSDP, and LoRA dropout
+# against PEFT. At TP 2 the ranks share a generator: hidden dropout (attention dropout 0) draws one
+# process's masks. The scripted GPT's residual dropout (tests/train) is judged too.
+mfsdp_hf_run(hf_gpt2_dropout_n1 1 gpt2_dropout)
+mfsdp_hf_run(hf_gpt2_dropout_s3_n2 2 gpt2_dropout distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_gpt2_dropout_ac_s3_n2 2 gpt2_dropout distributed.zero_dp_strategy=3 distributed.activation_checkpointing=true)
+mfsdp_hf_run(hf_gpt2_dropout_hsdp_s2_n4 4 gpt2_dropout distributed.dp_replicate_size=2 distributed.zero_dp_strategy=2)
+mfsdp_hf_run(hf_gpt2_hdropout_tp2_s1_n2 2 gpt2_hdropout distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_qwen2_lora_dropout_s3_n2 2 qwen2_lora_dropout distributed.zero_dp_strategy=3)
+mfsdp_oracle(hf_dropout RUNS hf_gpt2_dropout_n1 hf_gpt2_dropout_s3_n2 hf_gpt2_dropout_ac_s3_n2 hf_gpt2_dropout_hsdp_s2_n4
+             hf_gpt2_hdropout_tp2_s1_n2 hf_qwen2_lora_dropout_s3_n2 dropout_s0_n1 dropout_s3_n2 dropout_ac_s3_n2)
+mfsdp_compare(hf_dropout_ac_bit_identical 0 hf_gpt2_dropout_s3_n2 hf_gpt2_dropout_ac_s3_n2)
+# Off in evaluation: at learning rate 0 the dropout file's validation loss is the dropout-free
+# file's (same weights), while its training loss is not.
+mfsdp_hf_run(hf_gpt2_lr0 1 gpt2 optimizer.lr=0 training.max_steps=4 training.eval_every=2)
+mfsdp_hf_run(hf_gpt2_dropout_lr0 1 gpt2_dropout optimizer.lr=0 training.max_steps=4 training.eval_every=2)
+add_test(NAME hf_dropout_off_in_eval COMMAND ${MFSDP_PYTHON} ${CMP} ${FX}/hf_gpt2_lr0 ${FX}/hf_gpt2_dropout_lr0 --key val_loss --rtol 1e-6)
+add_test(NAME hf_dropout_on_in_training COMMAND ${MFSDP_PYTHON} ${CMP} ${FX}/hf_gpt2_lr0 ${FX}/hf_gpt2_dropout_lr0 --expect-differ --rtol 1e-5)
+set_tests_properties(hf_dropout_off_in_eval hf_dropout_on_in_training PROPERTIES
+                     FIXTURES_REQUIRED "runs_hf_gpt2_lr0;runs_hf_gpt2_dropout_lr0")
+# Attention dropout under CP is refused (sdpa with dropout is not replaced); hidden dropout under
+# CP trains, and the oracle says it cannot judge it (masks of a rank's part of the sequence).
+add_test(NAME hf_context_parallel_attention_dropout_refused
+         COMMAND ${EXPECT} 2 "scaled_dot_product_attention call in transformer.h.0.attn.forward has dropout" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/gpt2_dropout.pt run_dir=${FX}/hf_cp_drop
+                 distributed.cp_size=2)
+set_tests_properties(hf_context_parallel_attention_dropout_refused PROPERTIES
+                     FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
+mfsdp_hf_run(hf_gpt2_hdropout_cp2_n2 2 gpt2_hdropout distributed.cp_size=2)
+add_test(NAME oracle_hf_dropout_cp_not_judged
+         COMMAND ${EXPECT} 2 "has cp 2: a rank's masks cover its part of the sequence" --
+                 ${MFSDP_PYTHON} ${ORACLE} --runs ${FX}/hf_gpt2_hdropout_cp2_n2)
+set_tests_properties(oracle_hf_dropout_cp_not_judged PROPERTIES FIXTURES_REQUIRED runs_hf_gpt2_hdropout_cp2_n2 TIMEOUT 300)
+# The judge sees masks: attention dropout of a TP rank's heads draws other masks than one process
+# does, and the comparison says so.
+mfsdp_hf_run(hf_gpt2_dropout_tp2_s1_n2 2 gpt2_dropout distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_oracle(hf_dropout_split_masks_differ RUNS hf_gpt2_dropout_tp2_s1_n2 ARGS --expect-differ)

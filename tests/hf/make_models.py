@@ -74,6 +74,11 @@ MODELS |= {
                                      "v_proj", "o_proj"],
     # Traced in bf16 (export_hf.py --dtype bf16): its weights stored and its casts recorded in bf16.
     "llama_bf16": MODELS["llama"] + ["--dtype", "bf16"],
+    # Dropout kept (--dropout config), traced in training mode: GPT-2's embd/resid/attn_pdrop 0.1;
+    # the same with attention dropout 0 (every dropout on a tensor TP leaves whole); LoRA dropout.
+    "gpt2_dropout": MODELS["gpt2"] + ["--dropout", "config"],
+    "gpt2_hdropout": MODELS["gpt2"] + ["attn_pdrop=0", "resid_pdrop=0.2", "--dropout", "config"],
+    "qwen2_lora_dropout": MODELS["qwen2"] + ["--lora-r", "8", "--lora-alpha", "16", "--lora-dropout", "0.1"],
 }
 
 

@@ -415,8 +415,43 @@ def load_init_from(cfg, model):
             p.copy_(tensors[name].to(p.dtype))
 
 
-def reference_run(cfg):
-    """Returns per-step losses, grad norms and lrs, the gradients after step 1 and the final weights."""
+def mesh_of(run_dir):
+    """The mesh line mfsdp writes at the top of config.yaml: {dp_replicate, dp_shard, cp, tp}."""
+    import re
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        for line in f:
+            m = re.match(r"# mesh: dp_replicate (\d+) x dp_shard (\d+) x cp (\d+) x tp (\d+)", line)
+            if m:
+                return dict(zip(("dp_replicate", "dp_shard", "cp", "tp"), map(int, m.groups())))
+    return None
+
+
+def draws_random(model, T):
+    """Whether the model's training forward draws random numbers (dropout): the generator's state
+    moves during one forward. (Not its logits: a fresh LoRA adapter's B is zero, so dropout of its
+    input changes nothing until B trains.)"""
+    tokens = torch.arange(2 * T).reshape(2, T) % 7
+    pos = torch.arange(T).unsqueeze(0).expand(2, T)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        before = torch.get_rng_state()
+        model(tokens, pos)
+        return not torch.equal(before, torch.get_rng_state())
+
+
+def reference_run(cfg, mesh=None):
+    """Returns per-step losses, grad norms and lrs, the gradients after step 1 and the final weights.
+
+    Dropout: mfsdp seeds each rank's generator with training.seed + 100003 x (its data x context
+    parallel rank) and draws a rank's masks in its micro-batches' order (README "Dropout"). A model
+    that draws random numbers is trained here with one generator state per data-parallel rank of
+    `mesh` (the run's), each micro-batch from its rank's state: the same masks as each mfsdp rank.
+    TP ranks share their generator: dropout of a tensor TP leaves whole (a residual after a rowwise
+    layer's all-reduce, an embedding) draws the masks of one process, and is judged; dropout of a
+    tensor TP splits (attention probabilities of a rank's heads) draws other masks, and such a model
+    fails the comparison at TP > 1. Under CP and sequence parallelism every rank's masks cover its
+    part of the sequence, which no single process reproduces: those runs are refused. "random" in
+    the result says the data-parallel layout mattered."""
     torch.manual_seed(int(cfg["training"]["seed"]))
     torch.set_num_threads(1)
     t, d = cfg["training"], cfg["data"]
@@ -427,6 +462,22 @@ def reference_run(cfg):
         load_init_from(cfg, model)
         what += ", initial weights from model.init_from"
     model.train()
+    random = draws_random(model, min(T, 8))
+    if random:
+        if mesh is None:
+            raise ValueError("the model draws random numbers in training (dropout) and the run's config.yaml has "
+                             "no '# mesh:' line to give each data-parallel rank its generator")
+        sp = mesh["tp"] > 1 and bool(cfg["distributed"].get("sequence_parallel"))
+        if mesh["cp"] > 1 or sp:
+            raise ValueError(f"the model draws random numbers in training (dropout) and the run has "
+                             f"{'cp ' + str(mesh['cp']) if mesh['cp'] > 1 else 'sequence parallelism'}: a rank's masks "
+                             "cover its part of the sequence, which one process cannot reproduce (judge dropout "
+                             "without CP and SP, or export with dropout 0)")
+        dp = mesh["dp_replicate"] * mesh["dp_shard"]
+        states = []
+        for r in range(dp):
+            torch.manual_seed(int(t["seed"]) + 100003 * r)
+            states.append(torch.get_rng_state())
     train = trainable_names(cfg, model, cfg["model"]["path"])
     every = unique_params(model)
     for n, p in every:
@@ -444,7 +495,9 @@ def reference_run(cfg):
     eod = d.get("eod_token")
     per_token = bool(cfg["distributed"]["calculate_per_token_loss"])
     clip = float(t["clip_grad"])
-    out = {"loss": [], "grad_norm": [], "lr": [], "grads": None, "what": what}
+    out = {"loss": [], "grad_norm": [], "lr": [], "grads": None, "what": what, "random": random}
+    if random:
+        out["what"] += f", dropout: one generator per data-parallel rank ({dp})"
     pos = torch.arange(T).unsqueeze(0).expand(mb, T)
     for step in range(steps):
         raw = torch.from_numpy(np.stack([samples.get(step * G + j) for j in range(G)]))
@@ -457,7 +510,12 @@ def reference_run(cfg):
         loss_sum = 0.0
         for k in range(n_micro):
             sl = slice(k * mb, (k + 1) * mb)
+            if random:  # micro-batch k belongs to data-parallel rank k // (n_micro / dp)
+                owner = k // (n_micro // dp)
+                torch.set_rng_state(states[owner])
             logits = model(tokens[sl], pos)
+            if random:
+                states[owner] = torch.get_rng_state()
             V = logits.size(-1)
             ce = F.cross_entropy(logits.float().reshape(-1, V), targets[sl].reshape(-1), reduction="none")
             m = mask[sl].reshape(-1)
@@ -561,10 +619,12 @@ def run(a):
         if why:
             print(f"{rd}: cannot be judged: {why}", file=sys.stderr)
             return 2
-        key = relevant(cfg)
-        if key not in cache:
-            cache[key] = reference_run(cfg)
-        ref = cache[key]
+        key, mesh = relevant(cfg), mesh_of(rd)
+        layout = (key, json.dumps(mesh, sort_keys=True))
+        ref = cache.get(key) or cache.get(layout)
+        if ref is None:  # a model with dropout is judged per data-parallel layout
+            ref = reference_run(cfg, mesh)
+            cache[layout if ref["random"] else key] = ref
         mine = {}
         with open(os.path.join(rd, "metrics.jsonl")) as f:
             for line in f:
