@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "model/fast_gelu.h"
 #include "model/graph_rewrite.h"
 #include "model/skeleton_load.h"
 #include "util/error.h"
@@ -87,6 +88,12 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   if (const int n = dropout_follows_mode(m.module_); n > 0)
     m.load_note_ += fmt::format("{}{} dropout call(s) traced in training mode: active in training, off in evaluation",
                                 m.load_note_.empty() ? "" : "; ", n);
+  // GELU's tanh form through mfsdp's CPU kernel (model/fast_gelu.h: 4-5x ATen's on AVX-512);
+  // MFSDP_FAST_GELU=off keeps ATen's (bench/ measures both).
+  const char* fast = std::getenv("MFSDP_FAST_GELU");
+  if (device.is_cpu() && !(fast && std::string(fast) == "off"))
+    if (const int n = use_fast_gelu(m.module_); n > 0)
+      m.load_note_ += fmt::format("{}{} GELU (tanh) call(s) through mfsdp's CPU kernel", m.load_note_.empty() ? "" : "; ", n);
   // Unique parameters: tensors that share storage (tied weights) become one parameter, and every
   // alias attribute is pointed at the same tensor so that autograd accumulates one gradient.
   // Identity is the storage object (meta tensors have no data pointer), offset and shape.
