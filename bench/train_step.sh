@@ -3,11 +3,14 @@
 # model, data, batch and threads, measured side by side in one run (this machine is shared and noisy: compare ratios).
 # Writes bench/results_train_step.md. Needs the demo's data (scripts/demo.sh prepares it).
 #   bench/train_step.sh [STEPS]
+#   ROWS=1t,2t bench/train_step.sh      # only these rows (of 1t 2t dp2 s3 file; default all), into OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-25}
 MFSDP=${MFSDP:-build/bin/mfsdp}
-OUT=bench/results_train_step.md
+ROWS=${ROWS:-1t,2t,dp2,s3,file}
+OUT=${OUT:-bench/results_train_step.md}
+want() { [[ ",$ROWS," == *",$1,"* ]]; }
 W=$(mktemp -d)
 DATA=runs/demo/data/kjv
 [ -f "$DATA.idx" ] || { echo "run scripts/demo.sh first (it prepares $DATA)"; exit 1; }
@@ -49,19 +52,29 @@ for arch in gpt llama; do
   for variant in "${variants[@]}"; do
     extra=(model.path=$W/$arch.pt); textra=(--arch $arch)
     [ $variant = bf16 ] && extra+=(model.compute_dtype=bf16 distributed.preserve_fp32_weights=true distributed.grad_reduce_in_fp32=true) && textra+=(--bf16)
-    m=$(run_mfsdp ${arch}_1t_$variant 1 training.global_batch_size=8 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
-    row "$arch, 1 process x 1 thread, $variant" "$m" --threads 1 --procs 1 "${textra[@]}"
-    m=$(run_mfsdp ${arch}_2t_$variant 1 training.global_batch_size=8 training.threads=2 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
-    row "$arch, 1 process x 2 threads, $variant" "$m" --threads 2 --procs 1 "${textra[@]}"
-    m=$(run_mfsdp ${arch}_dp2_$variant 2 training.global_batch_size=16 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
-    row "$arch, 2 processes x 1 thread, $variant: mfsdp no_shard vs DDP (gloo)" "$m" --threads 1 --procs 2 "${textra[@]}"
-    m=$(run_mfsdp ${arch}_s3_$variant 4 training.global_batch_size=32 "${extra[@]}" distributed.zero_dp_strategy=optim_grads_params)
-    row "$arch, 4 processes x 1 thread, $variant: mfsdp optim_grads_params vs FSDP2 (gloo)" "$m" --threads 1 --procs 4 --fsdp "${textra[@]}"
+    if want 1t; then
+      m=$(run_mfsdp ${arch}_1t_$variant 1 training.global_batch_size=8 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
+      row "$arch, 1 process x 1 thread, $variant" "$m" --threads 1 --procs 1 "${textra[@]}"
+    fi
+    if want 2t; then
+      m=$(run_mfsdp ${arch}_2t_$variant 1 training.global_batch_size=8 training.threads=2 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
+      row "$arch, 1 process x 2 threads, $variant" "$m" --threads 2 --procs 1 "${textra[@]}"
+    fi
+    if want dp2; then
+      m=$(run_mfsdp ${arch}_dp2_$variant 2 training.global_batch_size=16 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
+      row "$arch, 2 processes x 1 thread, $variant: mfsdp no_shard vs DDP (gloo)" "$m" --threads 1 --procs 2 "${textra[@]}"
+    fi
+    if want s3; then
+      m=$(run_mfsdp ${arch}_s3_$variant 4 training.global_batch_size=32 "${extra[@]}" distributed.zero_dp_strategy=optim_grads_params)
+      row "$arch, 4 processes x 1 thread, $variant: mfsdp optim_grads_params vs FSDP2 (gloo)" "$m" --threads 1 --procs 4 --fsdp "${textra[@]}"
+    fi
   done
 done
-m=$(run_mfsdp gpt_1t_file 1 training.global_batch_size=8 model.path=$W/gpt.pt distributed.zero_dp_strategy=no_shard)
-t=$(run_torch --threads 1 --procs 1 --jit "$W/gpt.pt")
-rows+=("| gpt, 1 process x 1 thread, fp32, PyTorch training the same TorchScript file | $m | $t | - | $(ratio $m $t) | - |")
+if want file; then
+  m=$(run_mfsdp gpt_1t_file 1 training.global_batch_size=8 model.path=$W/gpt.pt distributed.zero_dp_strategy=no_shard)
+  t=$(run_torch --threads 1 --procs 1 --jit "$W/gpt.pt")
+  rows+=("| gpt, 1 process x 1 thread, fp32, PyTorch training the same TorchScript file | $m | $t | - | $(ratio $m $t) | - |")
+fi
 {
   echo "# One training step: mfsdp vs PyTorch 2.11 eager and torch.compile (torch wheel in .venv), same machine, same run"
   echo
@@ -69,7 +82,7 @@ rows+=("| gpt, 1 process x 1 thread, fp32, PyTorch training the same TorchScript
   echo "KJV byte-level data. Median of steps 6..$STEPS. torch.compile: the model (forward and backward through Inductor),"
   echo "the optimizer eager; compilation falls in the first steps, outside the median. PyTorch bf16 = autocast (FSDP2:"
   echo "bf16 parameters, fp32 reduction); mfsdp bf16 = bf16 compute with fp32 main weights and fp32 gradient reduction."
-  echo "Written by bench/train_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), mfsdp of commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- lib apps || echo ' with uncommitted changes')."
+  echo "Written by ROWS=$ROWS bench/train_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), mfsdp of commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- lib apps || echo ' with uncommitted changes')."
   echo
   echo "| run | mfsdp ms/step | PyTorch eager ms/step | torch.compile ms/step | mfsdp/eager | mfsdp/compile |"
   echo "|---|---|---|---|---|---|"

@@ -1,16 +1,17 @@
-// mfsdp's CPU kernels against ATen's: GELU's tanh form (model/fast_gelu.h), forward and backward,
+// mfsdp's CPU kernels against ATen's: GELU's tanh form (model/fast_ops.h), forward and backward,
 // fp32 and bf16, every length's tail, the values where it saturates, and the graph rewrite that
 // puts it into a TorchScript model (with autograd through it).
 #include <ATen/ATen.h>
 
 #include <torch/autograd.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/script.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "catch.h"
-#include "model/fast_gelu.h"
+#include "model/fast_ops.h"
 
 using namespace mfsdp;
 
@@ -96,4 +97,47 @@ TEST_CASE("GELU tanh: the graph rewrite replaces aten::gelu(x, 'tanh') and gradi
   CHECK(worst(got, want, 1e-2) < 1e-4);  // against ATen's (see above)
   CHECK(worst(gg, gw, 1e-2) < 1e-4);
   CHECK(m.get_method("forward").graph()->toString().find("mfsdp::gelu_tanh") != std::string::npos);
+}
+
+TEST_CASE("RMS scaling: mfsdp's kernel against ATen's ops, forward and backward") {
+  at::manual_seed(5);
+  for (int64_t d : {7, 16, 64, 257}) {  // (d 1 is degenerate: a slope of eps / (x^2 + eps)^1.5, all cancellation)
+    at::Tensor x = (at::randn({3, 5, d}) * 3).requires_grad_(true);
+    at::Tensor g = at::randn({3, 5, d});
+    const double eps = 1e-6;
+    at::Tensor want = x * at::rsqrt(x.pow(2).mean({-1}, true) + eps);
+    at::Tensor gw = torch::autograd::grad({want}, {x}, {g})[0];
+    at::Tensor got = rms_scale(x, eps);
+    at::Tensor gg = torch::autograd::grad({got}, {x}, {g})[0];
+    INFO("d " << d);
+    CHECK(worst(got, want, 1e-6) < 2e-6);
+    CHECK(worst(gg, gw, 1e-3) < 2e-5);
+  }
+  // Other dtypes: ATen's ops themselves.
+  at::Tensor xd = at::randn({4, 9}, at::kDouble);
+  CHECK(at::allclose(rms_scale(xd, 1e-5), xd * at::rsqrt(xd.pow(2).mean({-1}, true) + 1e-5)));
+}
+
+TEST_CASE("RMS scaling: the graph rewrite finds RMSNorm's ops, scripted and traced-style, and nothing else") {
+  torch::jit::Module m("m");
+  m.register_attribute("eps", c10::FloatType::get(), 1e-5);
+  m.define(R"(
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        z = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + torch.tensor(1e-6))
+        w = x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6)
+        return y + z + w
+  )");
+  at::Tensor x = at::randn({6, 32}).requires_grad_(true);
+  at::Tensor want = m.forward({x}).toTensor();
+  at::Tensor gw = torch::autograd::grad({want.sum()}, {x})[0];
+  // torch.tensor(1e-6) folded into a constant tensor, as a trace records HF's eps.
+  auto graph = m.get_method("forward").graph();
+  torch::jit::ConstantPropagation(graph);
+  REQUIRE(use_fast_rms_norm(m) == 2);  // not the mean over dim 0
+  at::Tensor got = m.forward({x}).toTensor();
+  at::Tensor gg = torch::autograd::grad({got.sum()}, {x})[0];
+  CHECK(worst(got, want, 1e-3) < 2e-6);
+  CHECK(worst(gg, gw, 1e-3) < 2e-5);
 }

@@ -9,7 +9,7 @@
 #include <regex>
 #include <set>
 
-#include "model/fast_gelu.h"
+#include "model/fast_ops.h"
 #include "model/graph_rewrite.h"
 #include "model/skeleton_load.h"
 #include "util/error.h"
@@ -88,12 +88,6 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   if (const int n = dropout_follows_mode(m.module_); n > 0)
     m.load_note_ += fmt::format("{}{} dropout call(s) traced in training mode: active in training, off in evaluation",
                                 m.load_note_.empty() ? "" : "; ", n);
-  // GELU's tanh form through mfsdp's CPU kernel (model/fast_gelu.h: 4-5x ATen's on AVX-512);
-  // MFSDP_FAST_GELU=off keeps ATen's (bench/ measures both).
-  const char* fast = std::getenv("MFSDP_FAST_GELU");
-  if (device.is_cpu() && !(fast && std::string(fast) == "off"))
-    if (const int n = use_fast_gelu(m.module_); n > 0)
-      m.load_note_ += fmt::format("{}{} GELU (tanh) call(s) through mfsdp's CPU kernel", m.load_note_.empty() ? "" : "; ", n);
   // Unique parameters: tensors that share storage (tied weights) become one parameter, and every
   // alias attribute is pointed at the same tensor so that autograd accumulates one gradient.
   // Identity is the storage object (meta tensors have no data pointer), offset and shape.
@@ -136,6 +130,20 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   for (auto& p : m.params_)
     for (const auto& alias : p.aliases) set_param(m.module_, alias, p.tensor);
   return m;
+}
+
+std::string Model::use_cpu_kernels() {
+  if (!device_.is_cpu()) return "";
+  auto off = [](const char* knob) {
+    const char* v = std::getenv(knob);
+    return v && std::string(v) == "off";
+  };
+  // GELU's tanh form and RMSNorm's scaling through mfsdp's CPU kernels (model/fast_ops.h);
+  // MFSDP_FAST_GELU=off / MFSDP_FAST_RMSNORM=off keep ATen's (bench/ measures both ways).
+  const int gelu = off("MFSDP_FAST_GELU") ? 0 : use_fast_gelu(module_);
+  const int rms = off("MFSDP_FAST_RMSNORM") ? 0 : use_fast_rms_norm(module_);
+  if (gelu + rms == 0) return "";
+  return fmt::format("mfsdp's CPU kernels: {} GELU (tanh) call(s), {} RMSNorm scaling(s)", gelu, rms);
 }
 
 std::string peft_to_hf_name(const std::string& name) {

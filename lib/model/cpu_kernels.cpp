@@ -1,5 +1,6 @@
-// GELU in its tanh form, forward and backward, on CPU floats and bfloat16 (DESIGN.md section 7,
-// "Elementwise kernels"). No LibTorch here: plain C++ with GCC vector extensions, one function
+// mfsdp's CPU kernels (DESIGN.md section 7, "CPU kernels of mfsdp's own"): GELU in its tanh form, forward
+// and backward, on floats and bfloat16; the RMS scaling of RMSNorm, forward and backward, on float
+// rows. No LibTorch here: plain C++ with GCC vector extensions, one function
 // body compiled for AVX-512, AVX2 and the x86-64 baseline (target_clones: the loader picks one by
 // the CPU it runs on), so the binary still runs on any x86-64 machine.
 //
@@ -13,7 +14,7 @@
 // |r| <= ln2/2, ln2 in two parts) and a degree-7 Taylor polynomial (truncation r^8/8! < 6e-9
 // relative), scaled by 2^n through the exponent bits: within a few ulp of libm's expf. Results
 // differ from ATen's by rounding only (tests/test_kernels.cpp bounds it).
-#include "model/gelu_kernel.h"
+#include "model/cpu_kernels.h"
 
 #include <cstring>
 
@@ -132,6 +133,25 @@ inline void backward_impl(const T* g, const T* x, T* dx, int64_t n) {
   binary(g, x, dx, n, backward_vec);
 }
 
+// Horizontal sum of a vector's lanes, in a fixed order (the same on every clone).
+inline float hsum(vf v) {
+  float f[kLanes];
+  std::memcpy(f, &v, sizeof(f));
+  float s = 0.0f;
+  for (int i = 0; i < kLanes; ++i) s += f[i];
+  return s;
+}
+
+// sum of a[i] * b[i] over a row: 16 lanes of partial sums, then the lanes in order.
+inline float dot(const float* a, const float* b, int64_t d) {
+  vf acc = vf{};
+  int64_t i = 0;
+  for (; i + kLanes <= d; i += kLanes) acc += load(a + i) * load(b + i);
+  float s = hsum(acc);
+  for (; i < d; ++i) s += a[i] * b[i];
+  return s;
+}
+
 }  // namespace
 
 #define MFSDP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
@@ -143,6 +163,36 @@ MFSDP_CLONES void gelu_tanh_backward(const float* g, const float* x, float* dx, 
 MFSDP_CLONES void gelu_tanh_forward_bf16(const uint16_t* x, uint16_t* y, int64_t n) { forward_impl(x, y, n); }
 MFSDP_CLONES void gelu_tanh_backward_bf16(const uint16_t* g, const uint16_t* x, uint16_t* dx, int64_t n) {
   backward_impl(g, x, dx, n);
+}
+
+// RMS scaling: y = x r, r = 1 / sqrt(mean(x^2) + eps) per row of d; the backward of y with
+// respect to x is dx = r g - x r^3 mean(g x).
+MFSDP_CLONES void rms_scale_forward(const float* x, float* y, float* r, int64_t rows, int64_t d, double eps) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* xr = x + row * d;
+    float* yr = y + row * d;
+    const float inv = 1.0f / __builtin_sqrtf(dot(xr, xr, d) / float(d) + float(eps));
+    r[row] = inv;
+    const vf vinv = splat(inv);
+    int64_t i = 0;
+    for (; i + kLanes <= d; i += kLanes) store(yr + i, load(xr + i) * vinv);
+    for (; i < d; ++i) yr[i] = xr[i] * inv;
+  }
+}
+
+MFSDP_CLONES void rms_scale_backward(const float* g, const float* x, const float* r, float* dx, int64_t rows,
+                                     int64_t d) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* gr = g + row * d;
+    const float* xr = x + row * d;
+    float* out = dx + row * d;
+    const float inv = r[row];
+    const float c = inv * inv * inv * dot(gr, xr, d) / float(d);
+    const vf vinv = splat(inv), vc = splat(c);
+    int64_t i = 0;
+    for (; i + kLanes <= d; i += kLanes) store(out + i, vinv * load(gr + i) - vc * load(xr + i));
+    for (; i < d; ++i) out[i] = inv * gr[i] - c * xr[i];
+  }
 }
 
 }  // namespace mfsdp
