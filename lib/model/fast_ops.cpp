@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <optional>
-#include <set>
 
 #include "model/cpu_kernels.h"
+#include "model/graph_rewrite.h"
 
 namespace mfsdp {
 namespace {
@@ -226,13 +226,8 @@ at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x) {
 }
 
 int use_fast_gelu(torch::jit::Module& root) {
-  std::set<const c10::ClassType*> seen;
   int replaced = 0;
-  for (const auto& m : root.modules()) {
-    if (!seen.insert(m.type().get()).second) continue;
-    for (const auto& method : m.get_methods())
-      replace_in(torch::jit::toGraphFunction(method.function()).graph()->block(), replaced);
-  }
+  for_each_graph(root, [&](torch::jit::Graph& g) { replace_in(g.block(), replaced); });
   return replaced;
 }
 
@@ -252,13 +247,8 @@ void replace_rms_in(torch::jit::Block* block, int& replaced) {
 }  // namespace
 
 int use_fast_rms_norm(torch::jit::Module& root) {
-  std::set<const c10::ClassType*> seen;
   int replaced = 0;
-  for (const auto& m : root.modules()) {
-    if (!seen.insert(m.type().get()).second) continue;
-    for (const auto& method : m.get_methods())
-      replace_rms_in(torch::jit::toGraphFunction(method.function()).graph()->block(), replaced);
-  }
+  for_each_graph(root, [&](torch::jit::Graph& g) { replace_rms_in(g.block(), replaced); });
   return replaced;
 }
 

@@ -154,18 +154,21 @@ void dropout_follows_mode_in(torch::jit::Block* block, torch::jit::Value* self, 
 
 }  // namespace
 
-int dropout_follows_mode(torch::jit::Module& root) {
-  // One rewrite per TorchScript type (instances of a type share its graphs); `training` is an
-  // attribute of every module type.
+void for_each_graph(torch::jit::Module& root, const std::function<void(torch::jit::Graph&)>& f) {
   std::set<const c10::ClassType*> seen;
-  int rewritten = 0;
   for (const auto& m : root.modules()) {
-    if (!seen.insert(m.type().get()).second || !m.type()->hasAttribute("training")) continue;
-    for (const auto& method : m.get_methods()) {
-      auto& fn = torch::jit::toGraphFunction(method.function());
-      dropout_follows_mode_in(fn.graph()->block(), fn.graph()->inputs()[0], rewritten);
-    }
+    if (!seen.insert(m.type().get()).second) continue;
+    for (const auto& method : m.get_methods()) f(*torch::jit::toGraphFunction(method.function()).graph());
   }
+}
+
+int dropout_follows_mode(torch::jit::Module& root) {
+  int rewritten = 0;
+  for_each_graph(root, [&](torch::jit::Graph& g) {
+    // `training` is an attribute of every module type: the graph's first input is its module.
+    auto cls = g.inputs()[0]->type()->cast<c10::ClassType>();
+    if (cls && cls->hasAttribute("training")) dropout_follows_mode_in(g.block(), g.inputs()[0], rewritten);
+  });
   return rewritten;
 }
 

@@ -3,6 +3,8 @@
 #pragma once
 #include "model/model.h"
 
+#include <functional>
+
 namespace mfsdp {
 
 // Registers the attribute "_mfsdp_unit_id" (int) on every unit instance and inserts
@@ -15,6 +17,10 @@ namespace mfsdp {
 int instrument_units(Model& model, bool checkpoint_activations);
 // The unit index instrument_units gave this module instance, or -1 (not a unit).
 int unit_index(const torch::jit::Module& m);
+
+// Calls f on every method graph of the module tree, once per TorchScript type (instances of one
+// type share its graphs).
+void for_each_graph(torch::jit::Module& root, const std::function<void(torch::jit::Graph&)>& f);
 
 // A trace records dropout in the mode it was traced in: aten::dropout(x, p, true) of a model traced
 // in training keeps dropping in evaluation, and sdpa's dropout_p is a constant. Makes every such
