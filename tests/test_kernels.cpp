@@ -141,3 +141,24 @@ TEST_CASE("RMS scaling: the graph rewrite finds RMSNorm's ops, scripted and trac
   CHECK(worst(got, want, 1e-3) < 2e-6);
   CHECK(worst(gg, gw, 1e-3) < 2e-5);
 }
+
+TEST_CASE("GELU tanh spelled out (transformers' gelu_new) is replaced too, and a near miss is not") {
+  torch::jit::Module m("m");
+  m.define(R"(
+    def forward(self, x):
+        a = 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+        b = 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.05 * torch.pow(x, 3.0))))
+        return a + b
+  )");
+  at::Tensor x = (at::randn({8, 40}) * 2).requires_grad_(true);
+  at::Tensor want = m.forward({x}).toTensor();
+  at::Tensor gw = torch::autograd::grad({want.sum()}, {x})[0];
+  REQUIRE(use_fast_gelu(m) == 1);  // 0.05 is not GELU's 0.044715
+  at::Tensor got = m.forward({x}).toTensor();
+  at::Tensor gg = torch::autograd::grad({got.sum()}, {x})[0];
+  CHECK(worst(got, want, 1e-2) < 1e-4);
+  CHECK(worst(gg, gw, 1e-2) < 1e-4);
+  const std::string graph = m.get_method("forward").graph()->toString();
+  CHECK(graph.find("mfsdp::gelu_tanh") != std::string::npos);
+  CHECK(graph.find("aten::tanh") != std::string::npos);  // the near miss stays
+}

@@ -8,6 +8,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 #include <optional>
 
 #include "model/cpu_kernels.h"
@@ -170,12 +172,82 @@ bool replace_rms(torch::jit::Node* rsqrt) {
   return true;
 }
 
+bool near(std::optional<double> v, double want) { return v && std::fabs(*v - want) <= 1e-6 * std::fabs(want); }
+
+// The value of `v` when it is produced by `kind`(a, constant c) or `kind`(constant c, a) with c
+// near `want` (and, for an add, alpha 1), and nothing else uses v; else nullptr.
+torch::jit::Value* with_constant(torch::jit::Value* v, c10::Symbol kind, double want) {
+  torch::jit::Node* n = sole_producer(v, kind);
+  if (!n || n->inputs().size() < 2 || (kind == c10::aten::add && (n->inputs().size() != 3 ||
+                                                                    constant_number(n->input(2)) != 1.0)))
+    return nullptr;
+  if (near(constant_number(n->input(1)), want)) return n->input(0);
+  if (near(constant_number(n->input(0)), want)) return n->input(1);
+  return nullptr;
+}
+
+// GELU's tanh form spelled out, as transformers' NewGELUActivation ("gelu_new": GPT-2, GPT-J,
+// CodeGen, GPT-Neo) writes it: 0.5 * x * (1.0 + tanh(sqrt(2/pi) * (x + 0.044715 * pow(x, 3.0)))).
+// Matched from its tanh; the eight nodes become one mfsdp::gelu_tanh(x).
+bool replace_spelled_gelu(torch::jit::Node* tanh) {
+  using torch::jit::Node;
+  using torch::jit::Value;
+  if (tanh->kind() != c10::aten::tanh || tanh->output()->uses().size() != 1) return false;
+  Node* plus1 = tanh->output()->uses()[0].user;  // 1.0 + tanh(...)
+  if (plus1->kind() != c10::aten::add || plus1->inputs().size() != 3 || constant_number(plus1->input(2)) != 1.0 ||
+      plus1->output()->uses().size() != 1)
+    return false;
+  const int t_at = plus1->input(0) == tanh->output() ? 0 : 1;
+  if (!near(constant_number(plus1->input(1 - t_at)), 1.0)) return false;
+  Node* out = plus1->output()->uses()[0].user;  // (0.5 * x) * (1.0 + tanh)
+  if (out->kind() != c10::aten::mul || out->inputs().size() != 2) return false;
+  Value* half_x = out->input(0) == plus1->output() ? out->input(1) : out->input(0);
+  Value* inner = with_constant(tanh->input(0), c10::aten::mul, 0.7978845608028654);  // x + 0.044715 x^3
+  if (!inner || half_x->node()->kind() != c10::aten::mul) return false;
+  Node* sum = sole_producer(inner, c10::aten::add);
+  if (!sum || sum->inputs().size() != 3 || constant_number(sum->input(2)) != 1.0) return false;
+  for (int i : {0, 1}) {
+    Value* x = sum->input(i);
+    Value* cube = with_constant(sum->input(1 - i), c10::aten::mul, 0.044715);
+    Node* pow = cube ? sole_producer(cube, c10::aten::pow) : nullptr;
+    if (!pow || pow->input(0) != x || !near(constant_number(pow->input(1)), 3.0)) continue;
+    Node* half = half_x->node();
+    const bool half_ok = half_x->uses().size() == 1 &&
+                         ((half->input(0) == x && near(constant_number(half->input(1)), 0.5)) ||
+                          (half->input(1) == x && near(constant_number(half->input(0)), 0.5)));
+    if (!half_ok || !is_float_tensor_type(x)) return false;
+    // Users before producers: (0.5 x) * (1 + t), 1 + t, tanh, the sqrt(2/pi) product, the sum,
+    // the 0.044715 product, the cube, 0.5 x.
+    const std::vector<Node*> chain = {out, plus1, tanh, tanh->input(0)->node(), sum, sum->input(1 - i)->node(), pow,
+                                      half};
+    torch::jit::Graph& g = *out->owningGraph();
+    torch::jit::WithInsertPoint guard(out);
+    Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::gelu_tanh"), {x});
+    y->setType(out->output()->type());
+    out->output()->replaceAllUsesWith(y);
+    for (Node* n : chain) n->destroy();
+    return true;
+  }
+  return false;
+}
+
 void replace_in(torch::jit::Block* block, int& replaced) {
   static const c10::Symbol op = c10::Symbol::fromQualString("mfsdp::gelu_tanh");
   for (auto it = block->nodes().begin(); it != block->nodes().end();) {
     torch::jit::Node* node = *it;
     ++it;
     for (auto* sub : node->blocks()) replace_in(sub, replaced);
+    if (node->kind() == c10::aten::tanh) {
+      // The add and mul after it may come next: step past the nodes the rewrite destroys.
+      std::vector<torch::jit::Node*> after;
+      for (torch::jit::Node* n = node; n->outputs().size() == 1 && n->output()->uses().size() == 1 && after.size() < 2;) {
+        n = n->output()->uses()[0].user;
+        after.push_back(n);
+      }
+      while (it != block->nodes().end() && std::find(after.begin(), after.end(), *it) != after.end()) ++it;
+      if (replace_spelled_gelu(node)) ++replaced;
+      continue;
+    }
     if (node->kind() != c10::aten::gelu || node->inputs().size() != 2 || node->outputs().size() != 1) continue;
     auto how = torch::jit::toIValue(node->input(1));
     if (!how || !how->isString() || how->toStringRef() != "tanh") continue;
