@@ -9,8 +9,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
 #include <optional>
+#include <vector>
 
 #include "model/cpu_kernels.h"
 #include "model/graph_rewrite.h"
@@ -231,34 +231,18 @@ bool replace_spelled_gelu(torch::jit::Node* tanh) {
   return false;
 }
 
-void replace_in(torch::jit::Block* block, int& replaced) {
-  static const c10::Symbol op = c10::Symbol::fromQualString("mfsdp::gelu_tanh");
-  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
-    torch::jit::Node* node = *it;
-    ++it;
-    for (auto* sub : node->blocks()) replace_in(sub, replaced);
-    if (node->kind() == c10::aten::tanh) {
-      // The add and mul after it may come next: step past the nodes the rewrite destroys.
-      std::vector<torch::jit::Node*> after;
-      for (torch::jit::Node* n = node; n->outputs().size() == 1 && n->output()->uses().size() == 1 && after.size() < 2;) {
-        n = n->output()->uses()[0].user;
-        after.push_back(n);
-      }
-      while (it != block->nodes().end() && std::find(after.begin(), after.end(), *it) != after.end()) ++it;
-      if (replace_spelled_gelu(node)) ++replaced;
-      continue;
-    }
-    if (node->kind() != c10::aten::gelu || node->inputs().size() != 2 || node->outputs().size() != 1) continue;
-    auto how = torch::jit::toIValue(node->input(1));
-    if (!how || !how->isString() || how->toStringRef() != "tanh") continue;
-    torch::jit::Graph& g = *node->owningGraph();
-    torch::jit::WithInsertPoint guard(node);
-    torch::jit::Value* y = g.insert(op, {node->input(0)});
-    y->setType(node->output()->type());
-    node->output()->replaceAllUsesWith(y);
-    node->destroy();
-    ++replaced;
-  }
+// aten::gelu(x, "tanh") becomes mfsdp::gelu_tanh(x).
+bool replace_gelu(torch::jit::Node* node) {
+  if (node->inputs().size() != 2 || node->outputs().size() != 1) return false;
+  auto how = torch::jit::toIValue(node->input(1));
+  if (!how || !how->isString() || how->toStringRef() != "tanh") return false;
+  torch::jit::Graph& g = *node->owningGraph();
+  torch::jit::WithInsertPoint guard(node);
+  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::gelu_tanh"), {node->input(0)});
+  y->setType(node->output()->type());
+  node->output()->replaceAllUsesWith(y);
+  node->destroy();
+  return true;
 }
 
 }  // namespace
@@ -298,31 +282,12 @@ at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x) {
 }
 
 int use_fast_gelu(torch::jit::Module& root) {
-  int replaced = 0;
-  for_each_graph(root, [&](torch::jit::Graph& g) { replace_in(g.block(), replaced); });
-  return replaced;
+  return rewrite_nodes(root, {c10::aten::gelu, c10::aten::tanh}, [](torch::jit::Node* node) {
+    return node->kind() == c10::aten::gelu ? replace_gelu(node) : replace_spelled_gelu(node);
+  });
 }
 
-namespace {
-void replace_rms_in(torch::jit::Block* block, int& replaced) {
-  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
-    torch::jit::Node* node = *it;
-    ++it;
-    for (auto* sub : node->blocks()) replace_rms_in(sub, replaced);
-    if (node->kind() != c10::aten::rsqrt) continue;
-    // The mul after it may be the iterator's next node: step past it before the rewrite destroys it.
-    torch::jit::Node* mul = node->output()->uses().size() == 1 ? node->output()->uses()[0].user : nullptr;
-    while (it != block->nodes().end() && *it == mul) ++it;
-    if (replace_rms(node)) ++replaced;
-  }
-}
-}  // namespace
-
-int use_fast_rms_norm(torch::jit::Module& root) {
-  int replaced = 0;
-  for_each_graph(root, [&](torch::jit::Graph& g) { replace_rms_in(g.block(), replaced); });
-  return replaced;
-}
+int use_fast_rms_norm(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::rsqrt}, replace_rms); }
 
 at::Tensor rms_scale(const at::Tensor& x, double eps) { return rms_scale_autograd(x, eps); }
 

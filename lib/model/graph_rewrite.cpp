@@ -129,47 +129,54 @@ bool constant_equals_true(const torch::jit::Value* v) {
   return c && c->isBool() && c->toBool();
 }
 
-void dropout_follows_mode_in(torch::jit::Block* block, torch::jit::Value* self, int& rewritten) {
-  static const std::set<c10::Symbol> kDropouts = {
-      c10::aten::dropout, c10::aten::dropout_, c10::aten::feature_dropout, c10::aten::feature_dropout_,
-      c10::aten::alpha_dropout, c10::aten::alpha_dropout_, c10::aten::feature_alpha_dropout,
-      c10::aten::feature_alpha_dropout_};
+void collect(torch::jit::Block* block, const std::set<c10::Symbol>& kinds, std::vector<torch::jit::Node*>& out) {
   for (torch::jit::Node* node : block->nodes()) {
-    for (auto* sub : node->blocks()) dropout_follows_mode_in(sub, self, rewritten);
-    torch::jit::Graph& g = *node->owningGraph();
-    if (kDropouts.count(node->kind()) && node->inputs().size() == 3 && constant_equals_true(node->input(2))) {
-      torch::jit::WithInsertPoint guard(node);
-      node->replaceInput(2, g.insertGetAttr(self, "training"));
-      ++rewritten;
-    } else if (node->kind() == c10::aten::scaled_dot_product_attention && node->inputs().size() >= 5) {
-      auto p = torch::jit::toIValue(node->input(4));
-      if (!p || !p->isDouble() || p->toDouble() == 0.0) continue;
-      torch::jit::WithInsertPoint guard(node);
-      auto* on = g.insert(c10::aten::Float, {g.insertGetAttr(self, "training")});
-      node->replaceInput(4, g.insert(c10::aten::mul, {node->input(4), on}));
-      ++rewritten;
-    }
+    for (auto* sub : node->blocks()) collect(sub, kinds, out);
+    if (kinds.count(node->kind())) out.push_back(node);
   }
 }
 
 }  // namespace
 
-void for_each_graph(torch::jit::Module& root, const std::function<void(torch::jit::Graph&)>& f) {
+int rewrite_nodes(torch::jit::Module& root, const std::set<c10::Symbol>& kinds,
+                  const std::function<bool(torch::jit::Node*)>& f) {
   std::set<const c10::ClassType*> seen;
+  std::vector<torch::jit::Node*> nodes;
   for (const auto& m : root.modules()) {
     if (!seen.insert(m.type().get()).second) continue;
-    for (const auto& method : m.get_methods()) f(*torch::jit::toGraphFunction(method.function()).graph());
+    for (const auto& method : m.get_methods())
+      collect(torch::jit::toGraphFunction(method.function()).graph()->block(), kinds, nodes);
   }
+  int rewritten = 0;
+  for (torch::jit::Node* node : nodes) rewritten += f(node) ? 1 : 0;
+  return rewritten;
 }
 
 int dropout_follows_mode(torch::jit::Module& root) {
-  int rewritten = 0;
-  for_each_graph(root, [&](torch::jit::Graph& g) {
+  static const std::set<c10::Symbol> kDropouts = {
+      c10::aten::dropout, c10::aten::dropout_, c10::aten::feature_dropout, c10::aten::feature_dropout_,
+      c10::aten::alpha_dropout, c10::aten::alpha_dropout_, c10::aten::feature_alpha_dropout,
+      c10::aten::feature_alpha_dropout_};
+  std::set<c10::Symbol> kinds = kDropouts;
+  kinds.insert(c10::aten::scaled_dot_product_attention);
+  return rewrite_nodes(root, kinds, [&](torch::jit::Node* node) {
     // `training` is an attribute of every module type: the graph's first input is its module.
-    auto cls = g.inputs()[0]->type()->cast<c10::ClassType>();
-    if (cls && cls->hasAttribute("training")) dropout_follows_mode_in(g.block(), g.inputs()[0], rewritten);
+    torch::jit::Graph& g = *node->owningGraph();
+    torch::jit::Value* self = g.inputs()[0];
+    auto cls = self->type()->cast<c10::ClassType>();
+    if (!cls || !cls->hasAttribute("training")) return false;
+    torch::jit::WithInsertPoint guard(node);
+    if (kDropouts.count(node->kind())) {
+      if (node->inputs().size() != 3 || !constant_equals_true(node->input(2))) return false;
+      node->replaceInput(2, g.insertGetAttr(self, "training"));
+      return true;
+    }
+    auto p = node->inputs().size() >= 5 ? torch::jit::toIValue(node->input(4)) : std::nullopt;
+    if (!p || !p->isDouble() || p->toDouble() == 0.0) return false;
+    auto* on = g.insert(c10::aten::Float, {g.insertGetAttr(self, "training")});
+    node->replaceInput(4, g.insert(c10::aten::mul, {node->input(4), on}));
+    return true;
   });
-  return rewritten;
 }
 
 int instrument_units(Model& model, bool checkpoint_activations) {

@@ -4,6 +4,7 @@
 #include "model/model.h"
 
 #include <functional>
+#include <set>
 
 namespace mfsdp {
 
@@ -18,9 +19,12 @@ int instrument_units(Model& model, bool checkpoint_activations);
 // The unit index instrument_units gave this module instance, or -1 (not a unit).
 int unit_index(const torch::jit::Module& m);
 
-// Calls f on every method graph of the module tree, once per TorchScript type (instances of one
-// type share its graphs).
-void for_each_graph(torch::jit::Module& root, const std::function<void(torch::jit::Graph&)>& f);
+// Calls f on every node of one of `kinds` in the module tree's method graphs (nested blocks too),
+// once per TorchScript type (instances of one type share its graphs). The nodes are collected
+// before the first call, so f may destroy its node and nodes of other kinds. Returns how many
+// calls returned true.
+int rewrite_nodes(torch::jit::Module& root, const std::set<c10::Symbol>& kinds,
+                  const std::function<bool(torch::jit::Node*)>& f);
 
 // A trace records dropout in the mode it was traced in: aten::dropout(x, p, true) of a model traced
 // in training keeps dropping in evaluation, and sdpa's dropout_p is a constant. Makes every such
