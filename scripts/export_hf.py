@@ -465,14 +465,13 @@ def build_config(args):
         keys.pop(k, None)
     cfg = AutoConfig.for_model(family, **keys)
     notes = []
-    for k in sorted(cfg.to_dict()):
-        v = getattr(cfg, k, None)
-        if ("dropout" in k or k.endswith("pdrop")) and isinstance(v, (int, float)) and not isinstance(v, bool) and v:
-            if args.dropout == "config":
-                notes.append(f"{k} {v} kept (--dropout config: active in training)")
-            else:
-                setattr(cfg, k, 0.0)
-                notes.append(f"{k} {v} -> 0 (--dropout config keeps it)")
+    for k in dropout_keys(cfg):
+        v = getattr(cfg, k)
+        if args.dropout == "config":
+            notes.append(f"{k} {v} kept (--dropout config: active in training)")
+        else:
+            setattr(cfg, k, 0.0)
+            notes.append(f"{k} {v} -> 0 (--dropout config keeps it)")
     vocab = getattr(cfg, "vocab_size", None)
     for k in ("pad_token_id", "bos_token_id", "eos_token_id"):
         v = getattr(cfg, k, None)
@@ -481,6 +480,12 @@ def build_config(args):
             notes.append(f"{k} {v} outside the vocabulary ({vocab}) -> None")
     cfg.use_cache = False
     return cfg, notes
+
+
+def dropout_keys(cfg):
+    """The config's dropout probabilities that are not 0 (keys naming dropout, or GPT-2's *_pdrop)."""
+    return sorted(k for k, v in cfg.to_dict().items() if ("dropout" in k or k.endswith("pdrop"))
+                  and isinstance(v, (int, float)) and not isinstance(v, bool) and v)
 
 
 ATTENTION_OP_NAME = "mfsdp_eager"
@@ -658,8 +663,7 @@ def main(argv=None):
         model = build(attention)
     model = model.eval()
     # Dropout kept (--dropout config): the trace is taken in training mode, which records it.
-    kept = sorted(k for k, v in cfg.to_dict().items() if ("dropout" in k or k.endswith("pdrop"))
-                  and isinstance(v, (int, float)) and not isinstance(v, bool) and v)
+    kept = dropout_keys(cfg)
     training = args.dropout == "config" and bool(kept)
     attention_op = use_attention_op(model, training) if attention == "eager" else None
     hf_model = model
