@@ -42,11 +42,15 @@ rows=()
 variants=(fp32)
 if grep -qE "avx512_bf16|amx_bf16" /proc/cpuinfo; then variants+=(bf16); else
   rows_note="bf16 rows left out: this CPU has neither AVX-512 BF16 nor AMX (bf16 matrix products are emulated)."; fi
+# mfsdp's binary links jemalloc (DESIGN.md section 7); PyTorch runs with glibc's malloc unless
+# preloaded. The jemalloc column gives PyTorch eager the same malloc (LD_PRELOAD), when it is here.
+JEMALLOC=$(ldconfig -p 2>/dev/null | awk '/libjemalloc.so.2 / { print $NF; exit }')
 row() {  # label mfsdp-ms torch-args...: one row, PyTorch eager and torch.compile of the same run
   local label=$1 m=$2; shift 2
-  local te tc
+  local te tc tj=- rj=-
   te=$(run_torch "$@"); tc=$(run_torch "$@" --compile)
-  rows+=("| $label | $m | $te | $tc | $(ratio $m $te) | $(ratio $m $tc) |")
+  if [ -n "$JEMALLOC" ]; then tj=$(LD_PRELOAD=$JEMALLOC run_torch "$@"); rj=$(ratio $m $tj); fi
+  rows+=("| $label | $m | $te | $tc | $tj | $(ratio $m $te) | $(ratio $m $tc) | $rj |")
 }
 for arch in gpt llama; do
   for variant in "${variants[@]}"; do
@@ -73,7 +77,7 @@ done
 if want file; then
   m=$(run_mfsdp gpt_1t_file 1 training.global_batch_size=8 model.path=$W/gpt.pt distributed.zero_dp_strategy=no_shard)
   t=$(run_torch --threads 1 --procs 1 --jit "$W/gpt.pt")
-  rows+=("| gpt, 1 process x 1 thread, fp32, PyTorch training the same TorchScript file | $m | $t | - | $(ratio $m $t) | - |")
+  rows+=("| gpt, 1 process x 1 thread, fp32, PyTorch training the same TorchScript file | $m | $t | - | - | $(ratio $m $t) | - | - |")
 fi
 {
   echo "# One training step: mfsdp vs PyTorch 2.11 eager and torch.compile (torch wheel in .venv), same machine, same run"
@@ -82,10 +86,11 @@ fi
   echo "KJV byte-level data. Median of steps 6..$STEPS. torch.compile: the model (forward and backward through Inductor),"
   echo "the optimizer eager; compilation falls in the first steps, outside the median. PyTorch bf16 = autocast (FSDP2:"
   echo "bf16 parameters, fp32 reduction); mfsdp bf16 = bf16 compute with fp32 main weights and fp32 gradient reduction."
+  echo "mfsdp's binary links jemalloc as its malloc; \"eager + jemalloc\" is PyTorch eager with the same jemalloc preloaded (LD_PRELOAD)."
   echo "Written by ROWS=$ROWS bench/train_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), mfsdp of commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- lib apps || echo ' with uncommitted changes')."
   echo
-  echo "| run | mfsdp ms/step | PyTorch eager ms/step | torch.compile ms/step | mfsdp/eager | mfsdp/compile |"
-  echo "|---|---|---|---|---|---|"
+  echo "| run | mfsdp ms/step | PyTorch eager ms/step | torch.compile ms/step | eager + jemalloc ms/step | mfsdp/eager | mfsdp/compile | mfsdp/(eager + jemalloc) |"
+  echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   [ -n "${rows_note:-}" ] && echo "$rows_note" && echo

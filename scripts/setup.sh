@@ -20,6 +20,7 @@ TORCH_VERSION=2.11.0
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libopenmpi-dev openmpi-bin                       # MPI: launch and CPU collectives
+  libjemalloc-dev                                  # the binary's malloc (DESIGN.md section 7)
   libyaml-cpp-dev libcli11-dev catch2           # config, CLI, tests (fmt: the wheel's copy)
   nlohmann-json3-dev                               # checkpoint index (JSON)
   libpcre2-dev libutf8proc-dev zlib1g-dev libzstd-dev zstd libsentencepiece-dev   # prepare-data's tokenizers and inputs

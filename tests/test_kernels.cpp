@@ -21,6 +21,12 @@ double worst(const at::Tensor& a, const at::Tensor& b, double floor) {
   return ((a.to(at::kDouble) - b.to(at::kDouble)).abs() / b.to(at::kDouble).abs().clamp_min(floor)).max().item<double>();
 }
 
+// Largest |a - b| over the largest |b|: the error against the tensor's scale, for results that cancel
+// to near zero (x1 c - x2 s; the slope of silu near its minimum).
+double scaled(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / b.to(at::kDouble).abs().max().item<double>();
+}
+
 at::Tensor inputs(int64_t n, at::ScalarType dtype) {
   at::manual_seed(3);
   at::Tensor x = at::randn({n}) * 2.5;  // activations' range
@@ -161,4 +167,128 @@ TEST_CASE("GELU tanh spelled out (transformers' gelu_new) is replaced too, and a
   const std::string graph = m.get_method("forward").graph()->toString();
   CHECK(graph.find("mfsdp::gelu_tanh") != std::string::npos);
   CHECK(graph.find("aten::tanh") != std::string::npos);  // the near miss stays
+}
+
+TEST_CASE("SwiGLU gate: silu(a) * b in one pass, forward and backward, against ATen's") {
+  at::manual_seed(7);
+  for (int64_t n : {1, 15, 16, 17, 1000, 70001}) {
+    at::Tensor a = (at::randn({n}) * 3).requires_grad_(true), b = at::randn({n}).requires_grad_(true);
+    at::Tensor g = at::randn({n});
+    at::Tensor want = at::silu(a) * b;
+    auto gw = torch::autograd::grad({want}, {a, b}, {g});
+    at::Tensor got = silu_mul(a, b);
+    auto gg = torch::autograd::grad({got}, {a, b}, {g});
+    INFO("n " << n);
+    CHECK(scaled(got, want) < 1e-6);
+    CHECK(scaled(gg[0], gw[0]) < 1e-6);
+    CHECK(scaled(gg[1], gw[1]) < 1e-6);
+  }
+  // Saturation and NaN: silu(a) -> a for large a, -> 0 for very negative a; NaN stays NaN.
+  at::Tensor a = at::tensor({100.0f, -100.0f, 1e4f, -1e4f, NAN}), b = at::ones({5});
+  at::Tensor y = silu_mul(a, b);
+  CHECK(y[0].item<float>() == 100.0f);
+  CHECK(std::fabs(y[1].item<float>()) < 1e-30f);
+  CHECK(std::isnan(y[4].item<float>()));
+  // bf16: computed in fp32 and rounded once (ATen rounds silu(a) and the product: two roundings).
+  at::Tensor ah = (at::randn({4001}) * 3).to(at::kBFloat16).requires_grad_(true);
+  at::Tensor bh = at::randn({4001}).to(at::kBFloat16).requires_grad_(true);
+  at::Tensor gh = at::randn({4001}).to(at::kBFloat16);
+  auto exact = [&](const at::Tensor& x) { return x.detach().to(at::kDouble); };
+  at::Tensor s = at::sigmoid(exact(ah));
+  CHECK(worst(silu_mul(ah, bh), exact(ah) * s * exact(bh), 1e-2) <= 1.0 / 256);
+  auto gg = torch::autograd::grad({silu_mul(ah, bh)}, {ah, bh}, {gh});
+  CHECK(worst(gg[1], exact(gh) * exact(ah) * s, 1e-2) <= 1.0 / 256);
+  CHECK(worst(gg[0], exact(gh) * exact(bh) * s * (1 + exact(ah) * (1 - s)), 1e-2) <= 1.0 / 256);
+  // Broadcasting and other dtypes take ATen's ops.
+  at::Tensor ad = at::randn({4, 9}, at::kDouble), bb = at::randn({1, 9}, at::kDouble);
+  CHECK(at::equal(silu_mul(ad, bb), at::silu(ad) * bb));
+}
+
+namespace {
+at::Tensor rotate_half_ref(const at::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, h), x.slice(-1, 0, h)}, -1);
+}
+}  // namespace
+
+TEST_CASE("Rotary embedding: x cos + rotate_half(x) sin in one pass, against ATen's, strided and broadcast") {
+  at::manual_seed(9);
+  for (int64_t d : {2, 8, 34, 64, 130}) {
+    // q as attention makes it: [B, T, H, D] memory viewed as [B, H, T, D]; cos and sin [B, 1, T, D].
+    at::Tensor x = at::randn({2, 5, 3, d}).transpose(1, 2).requires_grad_(true);
+    at::Tensor ang = at::randn({2, 1, 5, d});
+    at::Tensor cos = ang.cos(), sin = ang.sin(), g = at::randn({2, 3, 5, d});
+    at::Tensor want = x * cos + rotate_half_ref(x) * sin;
+    at::Tensor gw = torch::autograd::grad({want}, {x}, {g})[0];
+    at::Tensor got = rotary(x, cos, sin, 3, -1, -1);
+    at::Tensor gg = torch::autograd::grad({got}, {x}, {g})[0];
+    INFO("d " << d);
+    CHECK(got.sizes() == want.sizes());
+    CHECK(scaled(got, want) < 1e-6);
+    CHECK(scaled(gg, gw) < 1e-6);
+    // cos and sin shared by the batch ([1, 1, T, D]), and chunk's split (the same for even d).
+    at::Tensor c1 = cos.slice(0, 0, 1), s1 = sin.slice(0, 0, 1);
+    CHECK(scaled(rotary(x, c1, s1, -1, -2, -1), x * c1 + rotate_half_ref(x) * s1) < 1e-6);
+  }
+  // bf16 within a rounding of the exact value.
+  at::Tensor xh = at::randn({2, 4, 6, 64}).to(at::kBFloat16);
+  at::Tensor ah = at::randn({2, 1, 6, 64});
+  at::Tensor ch = ah.cos().to(at::kBFloat16), sh = ah.sin().to(at::kBFloat16);
+  auto dbl = [](const at::Tensor& t) { return t.to(at::kDouble); };
+  CHECK(scaled(rotary(xh, ch, sh, 3, 32, -1), dbl(xh) * dbl(ch) + rotate_half_ref(dbl(xh)) * dbl(sh)) <= 1.0 / 256);
+}
+
+TEST_CASE("Rotary embedding: what the kernel does not take computes what the graph did") {
+  at::manual_seed(11);
+  auto ref = [](const at::Tensor& x, const at::Tensor& c, const at::Tensor& s, int64_t dim, int64_t at) {
+    return x * c + at::cat({-x.slice(dim, at), x.slice(dim, 0, at)}, -1) * s;
+  };
+  at::Tensor x = at::randn({2, 3, 7}), c = at::randn({7}), s = at::randn({7});
+  CHECK(at::allclose(rotary(x, c, s, -1, -1, -1), ref(x, c, s, -1, 3)));  // odd size, floor split
+  CHECK(at::allclose(rotary(x, c, s, -1, -2, -1), ref(x, c, s, -1, 4)));  // odd size, chunk's split
+  at::Tensor y = at::randn({2, 3, 8});
+  at::Tensor c8 = at::randn({8}), s8 = at::randn({8});
+  CHECK(at::allclose(rotary(y, c8, s8, 2, 3, -1), ref(y, c8, s8, 2, 3)));  // a split not at the half
+  // Tables that need a gradient get it (ATen's ops).
+  at::Tensor ct = at::randn({8}).requires_grad_(true);
+  at::Tensor out = rotary(y, ct, s8, -1, -1, -1);
+  at::Tensor gc = torch::autograd::grad({out.sum()}, {ct})[0];
+  CHECK(at::allclose(gc, y.sum(at::IntArrayRef{0, 1})));
+}
+
+TEST_CASE("SwiGLU and rotary graph rewrites: chunk and slice forms, operand orders, near misses left alone") {
+  torch::jit::Module m("m");
+  m.define(R"(
+    def forward(self, x, cos, sin, a, b):
+        x1, x2 = x.chunk(2, dim=-1)
+        y = x * cos + torch.cat((-x2, x1), dim=-1) * sin
+        h = x.size(-1) // 2
+        z = sin * torch.cat((-x[..., h:], x[..., :h]), dim=-1) + cos * x
+        w = x * cos + torch.cat((x[..., h:], -x[..., :h]), dim=-1) * sin
+        v = a * cos + torch.cat((-x2, x1), dim=-1) * sin
+        s = torch.silu(a) * b + b * torch.silu(b)
+        return y + z + w + v, s
+  )");
+  at::Tensor x = at::randn({2, 3, 5, 16}).requires_grad_(true);
+  at::Tensor ang = at::randn({2, 1, 5, 16});
+  at::Tensor a = at::randn({2, 3, 5, 16}).requires_grad_(true), b = at::randn({2, 3, 5, 16}).requires_grad_(true);
+  std::vector<c10::IValue> in = {x, ang.cos(), ang.sin(), a, b};
+  auto run = [&] {
+    auto out = m.forward(in).toTuple();
+    at::Tensor r = out->elements()[0].toTensor(), s = out->elements()[1].toTensor();
+    auto gr = torch::autograd::grad({r.sum() + s.sum()}, {x, a, b});
+    return std::vector<at::Tensor>{r, s, gr[0], gr[1], gr[2]};
+  };
+  auto want = run();
+  REQUIRE(use_fast_rotary(m) == 2);  // not w (the wrong half negated), not v (a * cos: another x)
+  REQUIRE(use_fast_swiglu(m) == 2);
+  auto got = run();
+  for (size_t i = 0; i < want.size(); ++i) {
+    INFO("output " << i);
+    CHECK(scaled(got[i], want[i]) < 1e-6);
+  }
+  const std::string graph = m.get_method("forward").graph()->toString();
+  CHECK(graph.find("mfsdp::rotary") != std::string::npos);
+  CHECK(graph.find("mfsdp::silu_mul") != std::string::npos);
+  CHECK(graph.find("aten::silu") == std::string::npos);
 }

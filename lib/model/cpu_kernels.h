@@ -14,4 +14,22 @@ void gelu_tanh_backward_bf16(const uint16_t* g, const uint16_t* x, uint16_t* dx,
 // row for the backward dx = r g - x r^3 mean(g x): mfsdp::rms_scale.
 void rms_scale_forward(const float* x, float* y, float* r, int64_t rows, int64_t d, double eps);
 void rms_scale_backward(const float* g, const float* x, const float* r, float* dx, int64_t rows, int64_t d);
+// SwiGLU's gate: y = silu(a) b = a sigmoid(a) b, and its backward da = g b s (1 + a (1 - s)),
+// db = g a s (s = sigmoid(a)), in one pass each: mfsdp::silu_mul.
+void silu_mul_forward(const float* a, const float* b, float* y, int64_t n);
+void silu_mul_backward(const float* g, const float* a, const float* b, float* da, float* db, int64_t n);
+void silu_mul_forward_bf16(const uint16_t* a, const uint16_t* b, uint16_t* y, int64_t n);
+void silu_mul_backward_bf16(const uint16_t* g, const uint16_t* a, const uint16_t* b, uint16_t* da, uint16_t* db,
+                            int64_t n);
+// Rotary embedding, "rotate half" form, on `rows` rows of 2h elements (row strides in elements):
+// y = x c + [-x2, x1] s, with x1, x2 the halves of a row; backward dx = g c + [(g s)2, -(g s)1]:
+// mfsdp::rotary.
+void rotary_forward(const float* x, int64_t xs, const float* c, int64_t cs, const float* s, int64_t ss, float* y,
+                    int64_t ys, int64_t rows, int64_t h);
+void rotary_backward(const float* g, int64_t gs, const float* c, int64_t cs, const float* s, int64_t ss, float* dx,
+                     int64_t dxs, int64_t rows, int64_t h);
+void rotary_forward_bf16(const uint16_t* x, int64_t xs, const uint16_t* c, int64_t cs, const uint16_t* s, int64_t ss,
+                         uint16_t* y, int64_t ys, int64_t rows, int64_t h);
+void rotary_backward_bf16(const uint16_t* g, int64_t gs, const uint16_t* c, int64_t cs, const uint16_t* s, int64_t ss,
+                          uint16_t* dx, int64_t dxs, int64_t rows, int64_t h);
 }  // namespace mfsdp

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "model/cpu_kernels.h"
@@ -245,6 +247,402 @@ bool replace_gelu(torch::jit::Node* node) {
   return true;
 }
 
+// ---- SwiGLU: silu(a) * b ------------------------------------------------------------------------
+
+bool same_and_ours(const at::Tensor& a, const at::Tensor& b) {
+  return ours(a) && ours(b) && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
+}
+
+template <typename F32, typename BF16>
+void by_dtype(const at::Tensor& t, F32 f32, BF16 bf16) {
+  if (t.scalar_type() == at::kFloat) f32(); else bf16();
+}
+
+const uint16_t* h16(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>()); }
+uint16_t* m16(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<at::BFloat16>()); }
+
+at::Tensor silu_mul_kernel(const at::Tensor& ac, const at::Tensor& bc) {
+  at::Tensor y = at::empty_like(ac);
+  by_dtype(
+      ac,
+      [&] {
+        const float *a = ac.const_data_ptr<float>(), *b = bc.const_data_ptr<float>();
+        float* o = y.mutable_data_ptr<float>();
+        chunks(ac.numel(), [&](int64_t at, int64_t n) { silu_mul_forward(a + at, b + at, o + at, n); });
+      },
+      [&] {
+        const uint16_t *a = h16(ac), *b = h16(bc);
+        uint16_t* o = m16(y);
+        chunks(ac.numel(), [&](int64_t at, int64_t n) { silu_mul_forward_bf16(a + at, b + at, o + at, n); });
+      });
+  return y;
+}
+
+struct SiluMul : public torch::autograd::Function<SiluMul> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    const at::Tensor ac = a.contiguous(), bc = b.contiguous();
+    ctx->save_for_backward({ac, bc});
+    return silu_mul_kernel(ac, bc);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &a = saved[0], &b = saved[1];
+    const at::Tensor gc = g[0].to(a.scalar_type()).contiguous();
+    at::Tensor da = at::empty_like(a), db = at::empty_like(b);
+    by_dtype(
+        a,
+        [&] {
+          const float *gi = gc.const_data_ptr<float>(), *ai = a.const_data_ptr<float>(), *bi = b.const_data_ptr<float>();
+          float *oa = da.mutable_data_ptr<float>(), *ob = db.mutable_data_ptr<float>();
+          chunks(a.numel(), [&](int64_t at, int64_t n) {
+            silu_mul_backward(gi + at, ai + at, bi + at, oa + at, ob + at, n);
+          });
+        },
+        [&] {
+          const uint16_t *gi = h16(gc), *ai = h16(a), *bi = h16(b);
+          uint16_t *oa = m16(da), *ob = m16(db);
+          chunks(a.numel(), [&](int64_t at, int64_t n) {
+            silu_mul_backward_bf16(gi + at, ai + at, bi + at, oa + at, ob + at, n);
+          });
+        });
+    return {da, db};
+  }
+};
+
+at::Tensor silu_mul_autograd(const at::Tensor& a, const at::Tensor& b) {
+  return same_and_ours(a, b) ? SiluMul::apply(a, b) : at::silu(a) * b;
+}
+at::Tensor silu_mul_plain(const at::Tensor& a, const at::Tensor& b) {
+  return same_and_ours(a, b) ? silu_mul_kernel(a.contiguous(), b.contiguous()) : at::silu(a) * b;
+}
+
+// ---- rotary embedding: x * cos + rotate_half(x) * sin ----------------------------------------
+// rotate_half(x) = cat([-x.slice(dim, split), x.slice(dim, 0, split)], cat_dim). `split` as the graph
+// wrote it: >= 0 a constant; kSplitFloor size(x, dim) // 2 (slices at half the size); kSplitChunk
+// x.chunk(2, dim) (the first chunk rounds up).
+constexpr int64_t kSplitFloor = -1, kSplitChunk = -2;
+
+int64_t split_point(const at::Tensor& x, int64_t dim, int64_t split) {
+  const int64_t n = x.size(dim);
+  return split == kSplitFloor ? n / 2 : split == kSplitChunk ? (n + 1) / 2 : split;
+}
+
+at::Tensor rotary_aten(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
+                       int64_t cat_dim) {
+  const int64_t at = split_point(x, dim, split);
+  const at::Tensor r = at::cat({-x.slice(dim, at), x.slice(dim, 0, at)}, cat_dim);
+  return x * cos + r * sin;
+}
+
+// The kernel takes x of any layout with a unit-stride last dimension of even size D, split at D/2 and
+// rotated along it, and cos, sin of x's dtype that broadcast to x's shape (HF's [B, 1, T, D] against
+// x [B, H, T, D]).
+bool rotary_ours(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
+                 int64_t cat_dim) {
+  if (!ours(x) || x.dim() < 1 || !ours(cos) || !ours(sin) || cos.scalar_type() != x.scalar_type() ||
+      sin.scalar_type() != x.scalar_type() || cos.dim() > x.dim() || sin.dim() > x.dim())
+    return false;
+  const int64_t last = x.dim() - 1;
+  if (at::maybe_wrap_dim(dim, x.dim()) != last || at::maybe_wrap_dim(cat_dim, x.dim()) != last) return false;
+  const int64_t d = x.size(last);
+  if (d == 0 || d % 2 != 0 || split_point(x, dim, split) != d / 2) return false;
+  for (const at::Tensor* t : {&cos, &sin})
+    for (int64_t i = 1; i <= t->dim(); ++i)
+      if (t->size(-i) != 1 && t->size(-i) != x.size(-i)) return false;
+  return cos.size(-1) == d && sin.size(-1) == d;
+}
+
+// out = f(in, cos, sin) row by row: the dimensions before the last two are walked here, the rows of the
+// second-to-last dimension by the kernel with their strides. in, cos and sin are views of x's shape
+// (cos and sin expanded), each with a unit-stride last dimension; out is contiguous.
+template <typename K>
+at::Tensor rotary_rows(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, K kernel) {
+  const int64_t nd = in.dim(), d = in.size(-1);
+  at::Tensor out = at::empty(in.sizes(), in.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t rows = nd >= 2 ? in.size(-2) : 1;
+  const int64_t outer = rows == 0 ? 0 : in.numel() / (rows * d);
+  auto row_stride = [&](const at::Tensor& t) { return nd >= 2 ? t.stride(-2) : 0; };
+  const int64_t is = row_stride(in), cs = row_stride(cos), ss = row_stride(sin), os = d;
+  at::parallel_for(0, outer, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, rows * d)), [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      // The element offset of outer index o in each tensor: its multi-index over dims 0..nd-3.
+      int64_t rest = o, io = 0, co = 0, so = 0;
+      for (int64_t k = nd - 3; k >= 0; --k) {
+        const int64_t idx = rest % in.size(k);
+        rest /= in.size(k);
+        io += idx * in.stride(k);
+        co += idx * cos.stride(k);
+        so += idx * sin.stride(k);
+      }
+      kernel(io, is, co, cs, so, ss, o * rows * d, os, rows, d / 2, out);
+    }
+  });
+  return out;
+}
+
+at::Tensor unit_last(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+// forward (kBackward false: in = x) or the gradient with respect to x (in = the output's gradient).
+template <bool kBackward>
+at::Tensor rotary_kernel(const at::Tensor& in0, const at::Tensor& cos0, const at::Tensor& sin0) {
+  const at::Tensor in = unit_last(in0);
+  const at::Tensor cos = unit_last(cos0).expand(in.sizes()), sin = unit_last(sin0).expand(in.sizes());
+  if (in.scalar_type() == at::kFloat) {
+    const float *x = in.const_data_ptr<float>(), *c = cos.const_data_ptr<float>(), *s = sin.const_data_ptr<float>();
+    return rotary_rows(in, cos, sin,
+                       [&](int64_t io, int64_t is, int64_t co, int64_t cs, int64_t so, int64_t ss, int64_t oo,
+                           int64_t os, int64_t rows, int64_t h, at::Tensor& out) {
+                         float* y = out.mutable_data_ptr<float>() + oo;
+                         (kBackward ? rotary_backward : rotary_forward)(x + io, is, c + co, cs, s + so, ss, y, os,
+                                                                        rows, h);
+                       });
+  }
+  const uint16_t *x = h16(in), *c = h16(cos), *s = h16(sin);
+  return rotary_rows(in, cos, sin,
+                     [&](int64_t io, int64_t is, int64_t co, int64_t cs, int64_t so, int64_t ss, int64_t oo,
+                         int64_t os, int64_t rows, int64_t h, at::Tensor& out) {
+                       uint16_t* y = m16(out) + oo;
+                       (kBackward ? rotary_backward_bf16 : rotary_forward_bf16)(x + io, is, c + co, cs, s + so, ss, y,
+                                                                              os, rows, h);
+                     });
+}
+
+struct Rotary : public torch::autograd::Function<Rotary> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rotary_kernel<false>(x, cos, sin);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor gx = g[0].scalar_type() == saved[0].scalar_type() ? g[0] : g[0].to(saved[0].scalar_type());
+    return {rotary_kernel<true>(gx, saved[0], saved[1]), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The kernel when it takes the inputs and the gradient goes to x alone (rotary tables that need a
+// gradient take ATen's ops).
+at::Tensor rotary_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim,
+                           int64_t split, int64_t cat_dim) {
+  const bool tables_grad = at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad());
+  if (tables_grad || !rotary_ours(x, cos, sin, dim, split, cat_dim)) return rotary_aten(x, cos, sin, dim, split, cat_dim);
+  return Rotary::apply(x, cos, sin);
+}
+at::Tensor rotary_plain(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
+                        int64_t cat_dim) {
+  if (!rotary_ours(x, cos, sin, dim, split, cat_dim)) return rotary_aten(x, cos, sin, dim, split, cat_dim);
+  return rotary_kernel<false>(x, cos, sin);
+}
+
+// ---- graph matching for the two ----------------------------------------------------------------
+
+std::optional<int64_t> constant_int(torch::jit::Value* v) {
+  auto c = torch::jit::toIValue(v);
+  if (c && c->isInt()) return c->toInt();
+  return std::nullopt;
+}
+
+// Pure nodes the matchers leave behind (slices, chunk, list plumbing, size arithmetic): dropped when
+// nothing uses them any more, with the producers of their inputs in turn.
+void drop_dead(torch::jit::Node* n) {
+  static const std::set<c10::Symbol> pure = {
+      c10::aten::slice, c10::aten::neg,         c10::aten::chunk,  c10::prim::ListUnpack, c10::prim::ListConstruct,
+      c10::aten::Int,   c10::aten::floor_divide, c10::aten::floordiv, c10::prim::NumToTensor, c10::aten::size,
+      c10::aten::__getitem__, c10::aten::cat, c10::prim::GetAttr, c10::aten::silu};
+  if (!pure.count(n->kind())) return;
+  for (torch::jit::Value* o : n->outputs())
+    if (!o->uses().empty()) return;
+  std::vector<torch::jit::Node*> producers;
+  for (torch::jit::Value* i : n->inputs()) producers.push_back(i->node());
+  n->destroy();
+  for (torch::jit::Node* p : producers) drop_dead(p);
+}
+
+// The graph of a prim::CallFunction's callee, or of a prim::CallMethod "forward"'s.
+std::shared_ptr<torch::jit::Graph> callee_graph(torch::jit::Node* call, std::string* qualname = nullptr) {
+  torch::jit::Function* fn = nullptr;
+  if (call->kind() == c10::prim::CallFunction) {
+    auto ft = call->input(0)->type()->cast<c10::FunctionType>();
+    if (ft) fn = ft->function();
+  } else if (call->kind() == c10::prim::CallMethod && call->s(c10::attr::name) == "forward") {
+    auto cls = call->input(0)->type()->cast<c10::ClassType>();
+    if (cls) fn = cls->findMethod("forward");
+  }
+  if (!fn || !fn->isGraphFunction()) return nullptr;
+  if (qualname) *qualname = fn->qualname().qualifiedName();
+  return torch::jit::toGraphFunction(*fn).graph();
+}
+
+// silu(a) for a value produced by aten::silu(a), torch.nn.functional.silu(a, inplace=False) (scripted),
+// or a call of a module whose forward returns aten::silu of its input (transformers' SiLUActivation,
+// traced); nullptr otherwise.
+torch::jit::Value* silu_input(torch::jit::Value* v) {
+  torch::jit::Node* n = v->node();
+  if (v->uses().size() != 1) return nullptr;
+  if (n->kind() == c10::aten::silu && n->inputs().size() == 1) return n->input(0);
+  std::string name;
+  auto g = (n->kind() == c10::prim::CallFunction || n->kind() == c10::prim::CallMethod) ? callee_graph(n, &name)
+                                                                                          : nullptr;
+  if (!g || g->outputs().size() != 1) return nullptr;
+  if (n->kind() == c10::prim::CallFunction) {
+    auto inplace = n->inputs().size() == 3 ? torch::jit::toIValue(n->input(2)) : std::nullopt;
+    const bool not_inplace = inplace && inplace->isBool() && !inplace->toBool();
+    const bool silu = name == "torch.nn.functional.silu" || name == "__torch__.torch.nn.functional.silu";
+    return silu && not_inplace ? n->input(1) : nullptr;
+  }
+  torch::jit::Node* ret = g->outputs()[0]->node();
+  if (n->inputs().size() != 2 || g->inputs().size() != 2 || ret->kind() != c10::aten::silu ||
+      ret->input(0) != g->inputs()[1])
+    return nullptr;
+  return n->input(1);
+}
+
+// silu(a) * b, either order, becomes mfsdp::silu_mul(a, b).
+bool replace_silu_mul(torch::jit::Node* mul) {
+  if (mul->inputs().size() != 2 || mul->outputs().size() != 1) return false;
+  for (int i : {0, 1}) {
+    torch::jit::Value* a = silu_input(mul->input(i));
+    if (!a || !is_tensor_value(a) || !is_tensor_value(mul->input(1 - i))) continue;
+    torch::jit::Node* act = mul->input(i)->node();
+    torch::jit::Graph& g = *mul->owningGraph();
+    torch::jit::WithInsertPoint guard(mul);
+    torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::silu_mul"), {a, mul->input(1 - i)});
+    y->setType(mul->output()->type());
+    mul->output()->replaceAllUsesWith(y);
+    mul->destroy();
+    std::vector<torch::jit::Node*> producers;
+    for (torch::jit::Value* in : act->inputs()) producers.push_back(in->node());
+    act->destroy();
+    for (torch::jit::Node* p : producers) drop_dead(p);
+    return true;
+  }
+  return false;
+}
+
+struct Rotation {
+  torch::jit::Value* x;
+  int64_t dim, split, cat_dim;
+};
+
+// Whether v is size(x, dim) // 2: traced (aten::Int(floor_divide(NumToTensor(size(x, dim)), 2))) or
+// scripted (floordiv(size(x, dim), 2), or of size(x)[dim]).
+bool is_half_size(torch::jit::Value* v, torch::jit::Value* x, int64_t dim) {
+  torch::jit::Node* n = v->node();
+  if (n->kind() == c10::aten::Int) n = n->input(0)->node();
+  if ((n->kind() != c10::aten::floor_divide && n->kind() != c10::aten::floordiv) || n->inputs().size() != 2 ||
+      constant_number(n->input(1)) != 2.0)
+    return false;
+  torch::jit::Node* s = n->input(0)->node();
+  if (s->kind() == c10::prim::NumToTensor) s = s->input(0)->node();
+  if (s->kind() == c10::aten::size && s->inputs().size() == 2)
+    return s->input(0) == x && constant_int(s->input(1)) == dim;
+  if (s->kind() == c10::aten::__getitem__ && s->inputs().size() == 2) {
+    torch::jit::Node* sz = s->input(0)->node();
+    return sz->kind() == c10::aten::size && sz->inputs().size() == 1 && sz->input(0) == x &&
+           constant_int(s->input(1)) == dim;
+  }
+  return false;
+}
+
+// rotate_half(x) as `r` computes it: cat([neg(x2), x1], cat_dim) where x1, x2 are x.chunk(2, dim) or
+// the slices x[..., :e] and x[..., e:] of one split point e (a constant, or size // 2).
+std::optional<Rotation> rotation_of(torch::jit::Value* r) {
+  using torch::jit::Node;
+  Node* cat = r->node();
+  if (cat->kind() != c10::aten::cat || cat->inputs().size() != 2) return std::nullopt;
+  auto cat_dim = constant_int(cat->input(1));
+  Node* list = cat->input(0)->node();
+  if (!cat_dim || list->kind() != c10::prim::ListConstruct || list->inputs().size() != 2 ||
+      cat->input(0)->uses().size() != 1)
+    return std::nullopt;
+  Node* neg = list->input(0)->node();
+  if (neg->kind() != c10::aten::neg || neg->inputs().size() != 1) return std::nullopt;
+  torch::jit::Value *p1 = list->input(1), *p2 = neg->input(0);
+  Node *n1 = p1->node(), *n2 = p2->node();
+  if (n1 == n2 && n1->kind() == c10::prim::ListUnpack && n1->outputs().size() == 2 && p1 == n1->output(0) &&
+      p2 == n1->output(1)) {
+    Node* chunk = n1->input(0)->node();
+    if (chunk->kind() != c10::aten::chunk || chunk->inputs().size() != 3 || constant_int(chunk->input(1)) != 2)
+      return std::nullopt;
+    auto dim = constant_int(chunk->input(2));
+    if (!dim) return std::nullopt;
+    return Rotation{chunk->input(0), *dim, kSplitChunk, *cat_dim};
+  }
+  if (n1->kind() != c10::aten::slice || n2->kind() != c10::aten::slice || n1->inputs().size() != 5 ||
+      n2->inputs().size() != 5 || n1->input(0) != n2->input(0))
+    return std::nullopt;
+  auto d1 = constant_int(n1->input(1)), d2 = constant_int(n2->input(1));
+  auto end2 = torch::jit::toIValue(n2->input(3));
+  const bool to_end = end2 && (end2->isNone() || (end2->isInt() && end2->toInt() >= (int64_t(1) << 62)));
+  auto start1 = torch::jit::toIValue(n1->input(2));
+  const bool from_0 = start1 && (start1->isNone() || (start1->isInt() && start1->toInt() == 0));
+  if (!d1 || d1 != d2 || !from_0 || constant_int(n1->input(4)) != 1 ||
+      constant_int(n2->input(4)) != 1 || !to_end)
+    return std::nullopt;
+  torch::jit::Value* x = n1->input(0);
+  auto e1 = constant_int(n1->input(3)), e2 = constant_int(n2->input(2));
+  if (e1 && e2 && *e1 == *e2 && *e1 >= 0) return Rotation{x, *d1, *e1, *cat_dim};
+  if (is_half_size(n1->input(3), x, *d1) && is_half_size(n2->input(2), x, *d1))
+    return Rotation{x, *d1, kSplitFloor, *cat_dim};
+  return std::nullopt;
+}
+
+// rotate_half(x) in the graph (the cat itself) or called (a function whose graph returns it of its
+// argument: mfsdp's scripted rotate_half).
+std::optional<Rotation> rotate_half_of(torch::jit::Value* r) {
+  if (r->uses().size() != 1) return std::nullopt;
+  if (r->node()->kind() == c10::aten::cat) return rotation_of(r);
+  if (r->node()->kind() != c10::prim::CallFunction || r->node()->inputs().size() != 2) return std::nullopt;
+  auto g = callee_graph(r->node());
+  if (!g || g->inputs().size() != 1 || g->outputs().size() != 1) return std::nullopt;
+  auto rot = rotation_of(g->outputs()[0]);
+  if (!rot || rot->x != g->inputs()[0]) return std::nullopt;
+  rot->x = r->node()->input(1);
+  return rot;
+}
+
+// The factors of a mul with one use: {first, second}.
+std::optional<std::pair<torch::jit::Value*, torch::jit::Value*>> mul_of(torch::jit::Value* v) {
+  torch::jit::Node* n = sole_producer(v, c10::aten::mul);
+  if (!n || n->inputs().size() != 2) return std::nullopt;
+  return std::make_pair(n->input(0), n->input(1));
+}
+
+// x * cos + rotate_half(x) * sin (the products in either order, the sum in either order) becomes
+// mfsdp::rotary(x, cos, sin, dim, split, cat_dim).
+bool replace_rotary(torch::jit::Node* add) {
+  using torch::jit::Value;
+  if (add->inputs().size() != 3 || constant_number(add->input(2)) != 1.0 || add->outputs().size() != 1) return false;
+  for (int i : {0, 1}) {
+    auto p = mul_of(add->input(i)), q = mul_of(add->input(1 - i));
+    if (!p || !q) continue;
+    for (int j : {0, 1}) {
+      Value* r = j == 0 ? q->first : q->second;
+      Value* sin = j == 0 ? q->second : q->first;
+      auto rot = rotate_half_of(r);
+      if (!rot) continue;
+      Value* cos = p->first == rot->x ? p->second : p->second == rot->x ? p->first : nullptr;
+      if (!cos || !is_tensor_value(rot->x) || !is_tensor_value(cos) || !is_tensor_value(sin)) continue;
+      torch::jit::Graph& g = *add->owningGraph();
+      torch::jit::WithInsertPoint guard(add);
+      Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::rotary"),
+                          {rot->x, cos, sin, g.insertConstant(rot->dim), g.insertConstant(rot->split),
+                           g.insertConstant(rot->cat_dim)});
+      y->setType(add->output()->type());
+      add->output()->replaceAllUsesWith(y);
+      torch::jit::Node *pn = add->input(i)->node(), *qn = add->input(1 - i)->node(), *rn = r->node();
+      add->destroy();
+      pn->destroy();
+      qn->destroy();
+      std::vector<torch::jit::Node*> producers;
+      for (Value* in : rn->inputs()) producers.push_back(in->node());
+      rn->destroy();
+      for (torch::jit::Node* n : producers) drop_dead(n);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 at::Tensor gelu_tanh(const at::Tensor& x) {
@@ -291,19 +689,35 @@ int use_fast_rms_norm(torch::jit::Module& root) { return rewrite_nodes(root, {c1
 
 at::Tensor rms_scale(const at::Tensor& x, double eps) { return rms_scale_autograd(x, eps); }
 
+int use_fast_swiglu(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::mul}, replace_silu_mul); }
+
+int use_fast_rotary(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::add}, replace_rotary); }
+
+at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) { return silu_mul_autograd(a, b); }
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
+                  int64_t cat_dim) {
+  return rotary_autograd(x, cos, sin, dim, split, cat_dim);
+}
+
 }  // namespace mfsdp
 
 TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("rms_scale(Tensor x, float eps) -> Tensor");
+  m.def("silu_mul(Tensor a, Tensor b) -> Tensor");
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin, int dim, int split, int cat_dim) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("gelu_tanh", mfsdp::gelu_tanh_autograd);
   m.impl("rms_scale", mfsdp::rms_scale_autograd);
+  m.impl("silu_mul", mfsdp::silu_mul_autograd);
+  m.impl("rotary", mfsdp::rotary_autograd);
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("gelu_tanh", mfsdp::gelu_tanh);
   m.impl("rms_scale", mfsdp::rms_scale_plain);
+  m.impl("silu_mul", mfsdp::silu_mul_plain);
+  m.impl("rotary", mfsdp::rotary_plain);
 }

@@ -1,6 +1,7 @@
 // mfsdp's CPU ops for the model's graphs (model/cpu_kernels.h), each with its own backward; other
 // devices and dtypes compute what the replaced ATen calls did. mfsdp::gelu_tanh(Tensor x): GELU in
-// its tanh form. mfsdp::rms_scale(Tensor x, float eps): RMSNorm's scaling.
+// its tanh form. mfsdp::rms_scale(Tensor x, float eps): RMSNorm's scaling. mfsdp::silu_mul(a, b):
+// SwiGLU's silu(a) * b. mfsdp::rotary(x, cos, sin, ...): the rotary embedding (rotate-half form).
 // DESIGN.md section 7 ("CPU kernels of mfsdp's own").
 #pragma once
 #include <torch/csrc/jit/api/module.h>
@@ -16,6 +17,20 @@ int use_fast_gelu(torch::jit::Module& root);
 // forward and one backward, for the five ops forward and their backwards. Returns the number replaced.
 int use_fast_rms_norm(torch::jit::Module& root);
 at::Tensor rms_scale(const at::Tensor& x, double eps);
+
+// Replaces silu(a) * b (SwiGLU's gate: aten::silu, torch.nn.functional.silu scripted, or a call of a
+// module that returns silu of its input, as transformers' SiLUActivation traced) by
+// mfsdp::silu_mul(a, b). Returns the number replaced.
+int use_fast_swiglu(torch::jit::Module& root);
+at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b);
+
+// Replaces x * cos + rotate_half(x) * sin, rotate_half(x) = cat([-x2, x1]) of the halves of x (by
+// chunk, or by slices at size // 2 or a constant; in the graph, or a called function that is
+// exactly that), by mfsdp::rotary(x, cos, sin, dim, split, cat_dim). Returns the number replaced.
+int use_fast_rotary(torch::jit::Module& root);
+// split: >= 0 a constant, -1 size(x, dim) // 2, -2 x.chunk(2, dim)'s.
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
+                  int64_t cat_dim);
 
 // The op's forward and backward (for tests): y = GELU_tanh(x); dx = g * GELU_tanh'(x).
 at::Tensor gelu_tanh(const at::Tensor& x);

@@ -138,12 +138,18 @@ std::string Model::use_cpu_kernels() {
     const char* v = std::getenv(knob);
     return v && std::string(v) == "off";
   };
-  // GELU's tanh form and RMSNorm's scaling through mfsdp's CPU kernels (model/fast_ops.h);
-  // MFSDP_FAST_GELU=off / MFSDP_FAST_RMSNORM=off keep ATen's (bench/ measures both ways).
+  // GELU's tanh form, RMSNorm's scaling, SwiGLU's gate and the rotary embedding through mfsdp's CPU
+  // kernels (model/fast_ops.h); MFSDP_FAST_GELU=off / MFSDP_FAST_RMSNORM=off / MFSDP_FAST_SWIGLU=off /
+  // MFSDP_FAST_ROTARY=off keep ATen's (bench/ measures both ways).
   const int gelu = off("MFSDP_FAST_GELU") ? 0 : use_fast_gelu(module_);
   const int rms = off("MFSDP_FAST_RMSNORM") ? 0 : use_fast_rms_norm(module_);
-  if (gelu + rms == 0) return "";
-  return fmt::format("mfsdp's CPU kernels: {} GELU (tanh) call(s), {} RMSNorm scaling(s)", gelu, rms);
+  const int swiglu = off("MFSDP_FAST_SWIGLU") ? 0 : use_fast_swiglu(module_);
+  const int rotary = off("MFSDP_FAST_ROTARY") ? 0 : use_fast_rotary(module_);
+  if (gelu + rms + swiglu + rotary == 0) return "";
+  return fmt::format(
+      "mfsdp's CPU kernels: {} GELU (tanh) call(s), {} RMSNorm scaling(s), {} SwiGLU gate(s), {} rotary "
+      "embedding(s)",
+      gelu, rms, swiglu, rotary);
 }
 
 std::string peft_to_hf_name(const std::string& name) {

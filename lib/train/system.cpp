@@ -68,7 +68,20 @@ std::string blas_description() {
   using CfgFn = char* (*)();
   if (!at::hasMKL())
     if (auto fn = reinterpret_cast<CfgFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) blas = std::string("OpenBLAS ") + fn();
-  return blas + ", CPU kernels " + at::get_cpu_capability();
+  return blas + ", CPU kernels " + at::get_cpu_capability() + ", " + malloc_description();
+}
+
+std::string malloc_description() {
+  // jemalloc answers mallctl("version"); glibc has no mallctl. Found by name, so that a jemalloc
+  // put in by LD_PRELOAD is named too.
+  using MallctlFn = int (*)(const char*, void*, size_t*, void*, size_t);
+  if (auto fn = reinterpret_cast<MallctlFn>(dlsym(RTLD_DEFAULT, "mallctl"))) {
+    const char* version = nullptr;
+    size_t len = sizeof(version);
+    if (fn("version", &version, &len, nullptr, 0) == 0 && version) return std::string("malloc jemalloc ") + version;
+    return "malloc jemalloc";
+  }
+  return "malloc glibc";
 }
 
 }  // namespace mfsdp

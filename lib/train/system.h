@@ -14,5 +14,7 @@ double peak_memory_mib();
 // Dense matmul throughput of this rank with its threads, in TFLOP/s, for MFU.
 double measure_peak_tflops(bool bf16, c10::Device device = c10::Device(c10::kCPU));
 std::string blas_description();
+// "malloc jemalloc 5.3.0-..." or "malloc glibc": the allocator this process's malloc is.
+std::string malloc_description();
 
 }  // namespace mfsdp

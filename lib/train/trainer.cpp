@@ -35,6 +35,7 @@
 #include "data/batch_prefetcher.h"
 #include "data/gpt_dataset.h"
 #include "device/device.h"
+#include "device/host_cache.h"
 #include "fsdp/engine.h"
 #include "mesh/device_mesh.h"
 #include "mesh/process_groups.h"
@@ -176,6 +177,9 @@ class Trainer {
       throw;
     }
     setup_peak_mib_ = peak_memory_mib();
+    // CPU ranks: LibTorch's CPU tensors from here on through the host memory cache
+    // (device/host_cache.h); set-up's blocks (a whole model loaded before sharding) are not kept.
+    const bool host_cache = device_.is_cpu() && install_host_cache();
     TrainResult result;
     result.resumed_from = start_step_;
     for (int64_t step = start_step_; step < cfg_.training.max_steps; ++step) {
@@ -207,6 +211,7 @@ class Trainer {
     if (ckpt_ && cfg_.checkpoint.save_final && !result.preempted && result.steps == cfg_.training.max_steps)
       save(result.steps, result);
     if (ckpt_) ckpt_->poll(/*wait=*/true);
+    if (host_cache) log(describe_host_cache());
     if (progress_) std::printf("\n");
     return result;
   }

@@ -454,16 +454,29 @@ set_tests_properties(oracle_hf_dropout_cp_not_judged PROPERTIES FIXTURES_REQUIRE
 # does, and the comparison says so.
 mfsdp_hf_run(hf_gpt2_dropout_tp2_s1_n2 2 gpt2_dropout distributed.tp_size=2 distributed.zero_dp_strategy=1)
 mfsdp_oracle(hf_dropout_split_masks_differ RUNS hf_gpt2_dropout_tp2_s1_n2 ARGS --expect-differ)
-# mfsdp's CPU kernels in an HF model (Gemma: GELU's tanh form, RMSNorm), and each knob that keeps ATen's.
-foreach(knob "none;2 GELU \\(tanh\\) call\\(s\\), 5 RMSNorm scaling\\(s\\)"
-             "MFSDP_FAST_GELU;0 GELU \\(tanh\\) call\\(s\\), 5 RMSNorm scaling\\(s\\)"
-             "MFSDP_FAST_RMSNORM;2 GELU \\(tanh\\) call\\(s\\), 0 RMSNorm scaling\\(s\\)")
-  list(GET knob 0 var)
-  list(GET knob 1 want)
-  add_test(NAME hf_cpu_kernels_off_${var}
+# mfsdp's CPU kernels in HF models, and each knob that keeps ATen's: Gemma (GELU's tanh form,
+# RMSNorm, rotary embedding) and Llama (RMSNorm, SwiGLU through the traced SiLUActivation call,
+# rotary embedding of q and k).
+set(G "GELU \\(tanh\\) call\\(s\\)")
+set(R "RMSNorm scaling\\(s\\)")
+set(S "SwiGLU gate\\(s\\)")
+set(P "rotary embedding\\(s\\)")
+foreach(knob "gemma;none;2 ${G}, 5 ${R}, 0 ${S}, 4 ${P}"
+             "gemma;MFSDP_FAST_GELU;0 ${G}, 5 ${R}"
+             "gemma;MFSDP_FAST_RMSNORM;2 ${G}, 0 ${R}"
+             "llama;none;0 ${G}, 5 ${R}, 2 ${S}, 4 ${P}"
+             "llama;MFSDP_FAST_SWIGLU;0 ${G}, 5 ${R}, 0 ${S}, 4 ${P}"
+             "llama;MFSDP_FAST_ROTARY;0 ${G}, 5 ${R}, 2 ${S}, 0 ${P}")
+  list(GET knob 0 model)
+  list(GET knob 1 var)
+  list(GET knob 2 want)
+  set(name hf_cpu_kernels_off_${var})
+  if(model STREQUAL "llama")
+    set(name hf_cpu_kernels_llama_off_${var})
+  endif()
+  add_test(NAME ${name}
            COMMAND ${EXPECT} 0 "mfsdp's CPU kernels: ${want}" --
-                   ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/gemma.pt run_dir=${FX}/hf_kernels_${var}
+                   ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/${model}.pt run_dir=${FX}/${name}
                    training.max_steps=1)
-  set_tests_properties(hf_cpu_kernels_off_${var} PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120
-                       ENVIRONMENT "${var}=off")
+  set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120 ENVIRONMENT "${var}=off")
 endforeach()

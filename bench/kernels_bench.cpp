@@ -1,0 +1,93 @@
+// mfsdp's CPU ops against the ATen ops they replace, forward + backward through autograd, on the
+// shapes of bench/train_step.sh's Llama and GPT (micro-batch 8 x 128 tokens, d 256, 4 heads of 64,
+// FFN 704 / 1024). Writes one markdown row per op: ms per call of each, their ratio.
+//   build/bench/kernels_bench [ROUNDS] [THREADS]
+// Rounds alternate the two sides; each side's figure is its best round (this machine is shared: a
+// neighbour slows single rounds, never speeds them up).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/fast_ops.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ms per call of f (forward and backward), over `calls` calls.
+double time_ms(const std::function<void()>& f, int calls) {
+  f();  // warm: allocations, first-touch
+  const auto t0 = Clock::now();
+  for (int i = 0; i < calls; ++i) f();
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / calls;
+}
+
+struct Row {
+  std::string name;
+  std::function<void()> aten, ours;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 7;
+  at::set_num_threads(argc > 2 ? std::atoi(argv[2]) : 1);
+  at::manual_seed(0);
+  std::vector<Row> rows;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const std::string dt = dtype == at::kFloat ? "fp32" : "bf16";
+    auto opt = at::TensorOptions().dtype(dtype);
+    // SwiGLU: silu(gate) * up on [8, 128, 704].
+    at::Tensor a = at::randn({8, 128, 704}, opt).requires_grad_(true), b = at::randn({8, 128, 704}, opt).requires_grad_(true);
+    at::Tensor g = at::randn({8, 128, 704}, opt);
+    rows.push_back({"SwiGLU silu(a) * b, [8, 128, 704], " + dt,
+                    [=] { torch::autograd::grad({at::silu(a) * b}, {a, b}, {g}); },
+                    [=] { torch::autograd::grad({mfsdp::silu_mul(a, b)}, {a, b}, {g}); }});
+    // Rotary: q [8, 4, 128, 64] as attention makes it (a transposed view), cos/sin [8, 1, 128, 64].
+    at::Tensor q = at::randn({8, 128, 4, 64}, opt).transpose(1, 2).detach().requires_grad_(true);
+    at::Tensor ang = at::randn({8, 1, 128, 64});
+    at::Tensor cos = ang.cos().to(dtype), sin = ang.sin().to(dtype), gq = at::randn({8, 4, 128, 64}, opt);
+    rows.push_back({"rotary x cos + rotate_half(x) sin, [8, 4, 128, 64], " + dt,
+                    [=] {
+                      at::Tensor r = at::cat({-q.slice(3, 32), q.slice(3, 0, 32)}, -1);
+                      torch::autograd::grad({q * cos + r * sin}, {q}, {gq});
+                    },
+                    [=] { torch::autograd::grad({mfsdp::rotary(q, cos, sin, 3, -1, -1)}, {q}, {gq}); }});
+    // GELU (tanh form) on the GPT's [8, 128, 1024].
+    at::Tensor x = at::randn({8, 128, 1024}, opt).requires_grad_(true), gx = at::randn({8, 128, 1024}, opt);
+    rows.push_back({"GELU tanh, [8, 128, 1024], " + dt,
+                    [=] { torch::autograd::grad({at::gelu(x, "tanh")}, {x}, {gx}); },
+                    [=] {
+                      // mfsdp::gelu_tanh through the dispatcher: its autograd kernel (fast_ops.h's
+                      // gelu_tanh is the forward alone).
+                      static auto op = c10::Dispatcher::singleton()
+                                           .findSchemaOrThrow("mfsdp::gelu_tanh", "")
+                                           .typed<at::Tensor(const at::Tensor&)>();
+                      torch::autograd::grad({op.call(x)}, {x}, {gx});
+                    }});
+  }
+  // RMSNorm's scaling (fp32: the kernel's dtype) on [8, 128, 256].
+  at::Tensor h = at::randn({8, 128, 256}).requires_grad_(true), gh = at::randn({8, 128, 256});
+  rows.push_back({"RMS scaling x rsqrt(mean(x^2) + eps), [8, 128, 256], fp32",
+                  [=] { torch::autograd::grad({h * at::rsqrt(h.pow(2).mean({-1}, true) + 1e-6)}, {h}, {gh}); },
+                  [=] { torch::autograd::grad({mfsdp::rms_scale(h, 1e-6)}, {h}, {gh}); }});
+  std::printf("| op (forward + backward) | ATen ms | mfsdp ms | mfsdp/ATen |\n|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    double best_a = 1e30, best_o = 1e30;
+    for (int i = 0; i < rounds; ++i) {
+      best_a = std::min(best_a, time_ms(r.aten, 20));
+      best_o = std::min(best_o, time_ms(r.ours, 20));
+    }
+    std::printf("| %s | %.3f | %.3f | %.2f |\n", r.name.c_str(), best_a, best_o, best_o / best_a);
+  }
+  return 0;
+}
