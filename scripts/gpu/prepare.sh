@@ -2,7 +2,7 @@
 # Step 1 of the GPU check, on this (CPU) machine: gather into gpu_bundle/ (git-ignored) what the GPU
 # machine lacks and cannot download (it has torch, nvcc, CMake and ninja, but no Debian packages and
 # no network; ../shared/reference/gpu.md):
-#   gpu_bundle/root/   Open MPI, yaml-cpp, CLI11, nlohmann-json, PCRE2, utf8proc, zstd, SentencePiece,
+#   gpu_bundle/root/   Open MPI, yaml-cpp, CLI11, nlohmann-json, PCRE2, utf8proc, zstd, SentencePiece, jemalloc,
 #                      pkgconf (and their runtime libraries) as
 #                      files: the .deb packages unpacked with dpkg -x, docs and man pages dropped;
 #   gpu_bundle/bin/    the mfsdp built here (and its CUDA plugin libmfsdp_cuda.so) against torch 2.11.0+cu130 (same LibTorch ABI as the
@@ -18,7 +18,7 @@ pkgs=(libyaml-cpp0.7 libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
       libopenmpi3 libopenmpi-dev openmpi-bin openmpi-common
       libpmix2 libhwloc15 libhwloc-plugins libevent-core-2.1-7 libevent-pthreads-2.1-7 libfabric1 libucx0
       libibverbs1 librdmacm1 libpsm2-2 libpsm-infinipath1 libnl-3-200 libnl-route-3-200 libltdl7 libmunge2
-      libgfortran5 libnuma1 libatomic1
+      libgfortran5 libnuma1 libatomic1 libjemalloc2 libjemalloc-dev
       libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2
       libzstd-dev zlib1g-dev libsentencepiece-dev libsentencepiece0 pkgconf pkgconf-bin libpkgconf3)
 [ -x "$build/bin/mfsdp" ] || { echo "prepare.sh: $build/bin/mfsdp not found: build first (scripts/setup.sh)" >&2; exit 1; }
@@ -28,6 +28,8 @@ mkdir -p "$out.tmp/debs" "$out.tmp/root" "$out.tmp/bin"
 for d in "$out.tmp"/debs/*.deb; do dpkg -x "$d" "$out.tmp/root"; done
 rm -rf "$out.tmp/debs" "$out.tmp/root/usr/share/doc" "$out.tmp/root/usr/share/man" "$out.tmp/root/usr/share/lintian" \
        "$out.tmp/root/usr/share/locale"
+# jemalloc's static archives: the build links the shared library (apps/mfsdp/CMakeLists.txt).
+rm -f "$out.tmp"/root/usr/lib/x86_64-linux-gnu/libjemalloc*.a
 # dpkg -x runs no maintainer scripts, so the alternatives (mpirun, mpicc) are not there: link the
 # Open MPI names CMake and the scripts use.
 for tool in mpicc mpirun mpiexec; do
