@@ -14,7 +14,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <new>
 #include <vector>
 
 namespace mfsdp {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "model/cpu_kernels.h"
@@ -37,6 +38,15 @@ template <typename F>
 void chunks(int64_t n, F f) {
   at::parallel_for(0, n, 65536, [&](int64_t begin, int64_t end) { f(begin, end - begin); });
 }
+
+// f32() for a float tensor, bf16() for a bfloat16 one (the two dtypes `ours` takes).
+template <typename F32, typename BF16>
+void by_dtype(const at::Tensor& t, F32 f32, BF16 bf16) {
+  if (t.scalar_type() == at::kFloat) f32(); else bf16();
+}
+
+const uint16_t* h16(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>()); }
+uint16_t* m16(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<at::BFloat16>()); }
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -253,13 +263,6 @@ bool same_and_ours(const at::Tensor& a, const at::Tensor& b) {
   return ours(a) && ours(b) && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
 }
 
-template <typename F32, typename BF16>
-void by_dtype(const at::Tensor& t, F32 f32, BF16 bf16) {
-  if (t.scalar_type() == at::kFloat) f32(); else bf16();
-}
-
-const uint16_t* h16(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>()); }
-uint16_t* m16(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<at::BFloat16>()); }
 
 at::Tensor silu_mul_kernel(const at::Tensor& ac, const at::Tensor& bc) {
   at::Tensor y = at::empty_like(ac);
@@ -352,17 +355,31 @@ bool rotary_ours(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
   return cos.size(-1) == d && sin.size(-1) == d;
 }
 
-// out = f(in, cos, sin) row by row: the dimensions before the last two are walked here, the rows of the
-// second-to-last dimension by the kernel with their strides. in, cos and sin are views of x's shape
-// (cos and sin expanded), each with a unit-stride last dimension; out is contiguous.
-template <typename K>
-at::Tensor rotary_rows(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, K kernel) {
+// The element pointers the kernels take: float, or bfloat16 as its bits.
+template <typename T>
+const T* elems(const at::Tensor& t);
+template <>
+const float* elems<float>(const at::Tensor& t) { return t.const_data_ptr<float>(); }
+template <>
+const uint16_t* elems<uint16_t>(const at::Tensor& t) { return h16(t); }
+
+template <typename T>
+using RotaryKernel = void (*)(const T*, int64_t, const T*, int64_t, const T*, int64_t, T*, int64_t, int64_t, int64_t);
+
+// kernel(in, cos, sin) row by row into a contiguous tensor: the dimensions before the last two are
+// walked here, the rows of the second-to-last dimension by the kernel with their strides. in, cos
+// and sin are views of x's shape (cos and sin expanded), each with a unit-stride last dimension.
+template <typename T>
+at::Tensor rotary_rows(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, RotaryKernel<T> kernel) {
   const int64_t nd = in.dim(), d = in.size(-1);
   at::Tensor out = at::empty(in.sizes(), in.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t rows = nd >= 2 ? in.size(-2) : 1;
   const int64_t outer = rows == 0 ? 0 : in.numel() / (rows * d);
   auto row_stride = [&](const at::Tensor& t) { return nd >= 2 ? t.stride(-2) : 0; };
-  const int64_t is = row_stride(in), cs = row_stride(cos), ss = row_stride(sin), os = d;
+  const int64_t is = row_stride(in), cs = row_stride(cos), ss = row_stride(sin);
+  const T *x = elems<T>(in), *c = elems<T>(cos), *s = elems<T>(sin);
+  T* y;
+  if constexpr (std::is_same_v<T, float>) y = out.mutable_data_ptr<float>(); else y = m16(out);
   at::parallel_for(0, outer, std::max<int64_t>(1, 65536 / std::max<int64_t>(1, rows * d)), [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {
       // The element offset of outer index o in each tensor: its multi-index over dims 0..nd-3.
@@ -374,7 +391,7 @@ at::Tensor rotary_rows(const at::Tensor& in, const at::Tensor& cos, const at::Te
         co += idx * cos.stride(k);
         so += idx * sin.stride(k);
       }
-      kernel(io, is, co, cs, so, ss, o * rows * d, os, rows, d / 2, out);
+      kernel(x + io, is, c + co, cs, s + so, ss, y + o * rows * d, d, rows, d / 2);
     }
   });
   return out;
@@ -387,24 +404,9 @@ template <bool kBackward>
 at::Tensor rotary_kernel(const at::Tensor& in0, const at::Tensor& cos0, const at::Tensor& sin0) {
   const at::Tensor in = unit_last(in0);
   const at::Tensor cos = unit_last(cos0).expand(in.sizes()), sin = unit_last(sin0).expand(in.sizes());
-  if (in.scalar_type() == at::kFloat) {
-    const float *x = in.const_data_ptr<float>(), *c = cos.const_data_ptr<float>(), *s = sin.const_data_ptr<float>();
-    return rotary_rows(in, cos, sin,
-                       [&](int64_t io, int64_t is, int64_t co, int64_t cs, int64_t so, int64_t ss, int64_t oo,
-                           int64_t os, int64_t rows, int64_t h, at::Tensor& out) {
-                         float* y = out.mutable_data_ptr<float>() + oo;
-                         (kBackward ? rotary_backward : rotary_forward)(x + io, is, c + co, cs, s + so, ss, y, os,
-                                                                        rows, h);
-                       });
-  }
-  const uint16_t *x = h16(in), *c = h16(cos), *s = h16(sin);
-  return rotary_rows(in, cos, sin,
-                     [&](int64_t io, int64_t is, int64_t co, int64_t cs, int64_t so, int64_t ss, int64_t oo,
-                         int64_t os, int64_t rows, int64_t h, at::Tensor& out) {
-                       uint16_t* y = m16(out) + oo;
-                       (kBackward ? rotary_backward_bf16 : rotary_forward_bf16)(x + io, is, c + co, cs, s + so, ss, y,
-                                                                              os, rows, h);
-                     });
+  if (in.scalar_type() == at::kFloat)
+    return rotary_rows<float>(in, cos, sin, kBackward ? rotary_backward : rotary_forward);
+  return rotary_rows<uint16_t>(in, cos, sin, kBackward ? rotary_backward_bf16 : rotary_forward_bf16);
 }
 
 struct Rotary : public torch::autograd::Function<Rotary> {
@@ -441,6 +443,16 @@ std::optional<int64_t> constant_int(torch::jit::Value* v) {
   return std::nullopt;
 }
 
+void drop_dead(torch::jit::Node* n);
+
+// Destroys n, then the producers of its inputs that nothing uses any more (drop_dead).
+void destroy_and_drop(torch::jit::Node* n) {
+  std::vector<torch::jit::Node*> producers;
+  for (torch::jit::Value* i : n->inputs()) producers.push_back(i->node());
+  n->destroy();
+  for (torch::jit::Node* p : producers) drop_dead(p);
+}
+
 // Pure nodes the matchers leave behind (slices, chunk, list plumbing, size arithmetic): dropped when
 // nothing uses them any more, with the producers of their inputs in turn.
 void drop_dead(torch::jit::Node* n) {
@@ -451,10 +463,7 @@ void drop_dead(torch::jit::Node* n) {
   if (!pure.count(n->kind())) return;
   for (torch::jit::Value* o : n->outputs())
     if (!o->uses().empty()) return;
-  std::vector<torch::jit::Node*> producers;
-  for (torch::jit::Value* i : n->inputs()) producers.push_back(i->node());
-  n->destroy();
-  for (torch::jit::Node* p : producers) drop_dead(p);
+  destroy_and_drop(n);
 }
 
 // The graph of a prim::CallFunction's callee, or of a prim::CallMethod "forward"'s.
@@ -509,10 +518,7 @@ bool replace_silu_mul(torch::jit::Node* mul) {
     y->setType(mul->output()->type());
     mul->output()->replaceAllUsesWith(y);
     mul->destroy();
-    std::vector<torch::jit::Node*> producers;
-    for (torch::jit::Value* in : act->inputs()) producers.push_back(in->node());
-    act->destroy();
-    for (torch::jit::Node* p : producers) drop_dead(p);
+    destroy_and_drop(act);
     return true;
   }
   return false;
@@ -633,10 +639,7 @@ bool replace_rotary(torch::jit::Node* add) {
       add->destroy();
       pn->destroy();
       qn->destroy();
-      std::vector<torch::jit::Node*> producers;
-      for (Value* in : rn->inputs()) producers.push_back(in->node());
-      rn->destroy();
-      for (torch::jit::Node* n : producers) drop_dead(n);
+      destroy_and_drop(rn);
       return true;
     }
   }
@@ -649,15 +652,18 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
   if (!ours(x)) return at::gelu(x, "tanh");
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty_like(xc);
-  if (xc.scalar_type() == at::kFloat) {
-    const float* in = xc.const_data_ptr<float>();
-    float* out = y.mutable_data_ptr<float>();
-    chunks(xc.numel(), [&](int64_t at, int64_t n) { gelu_tanh_forward(in + at, out + at, n); });
-  } else {
-    auto in = reinterpret_cast<const uint16_t*>(xc.const_data_ptr<at::BFloat16>());
-    auto out = reinterpret_cast<uint16_t*>(y.mutable_data_ptr<at::BFloat16>());
-    chunks(xc.numel(), [&](int64_t at, int64_t n) { gelu_tanh_forward_bf16(in + at, out + at, n); });
-  }
+  by_dtype(
+      xc,
+      [&] {
+        const float* in = xc.const_data_ptr<float>();
+        float* out = y.mutable_data_ptr<float>();
+        chunks(xc.numel(), [&](int64_t at, int64_t n) { gelu_tanh_forward(in + at, out + at, n); });
+      },
+      [&] {
+        const uint16_t* in = h16(xc);
+        uint16_t* out = m16(y);
+        chunks(xc.numel(), [&](int64_t at, int64_t n) { gelu_tanh_forward_bf16(in + at, out + at, n); });
+      });
   return y;
 }
 
@@ -666,16 +672,18 @@ at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x) {
     return at::gelu_backward(g, x, "tanh");
   const at::Tensor xc = x.contiguous(), gc = g.contiguous();
   at::Tensor dx = at::empty_like(xc);
-  if (xc.scalar_type() == at::kFloat) {
-    const float *gi = gc.const_data_ptr<float>(), *xi = xc.const_data_ptr<float>();
-    float* out = dx.mutable_data_ptr<float>();
-    chunks(xc.numel(), [&](int64_t at, int64_t n) { mfsdp::gelu_tanh_backward(gi + at, xi + at, out + at, n); });
-  } else {
-    auto gi = reinterpret_cast<const uint16_t*>(gc.const_data_ptr<at::BFloat16>());
-    auto xi = reinterpret_cast<const uint16_t*>(xc.const_data_ptr<at::BFloat16>());
-    auto out = reinterpret_cast<uint16_t*>(dx.mutable_data_ptr<at::BFloat16>());
-    chunks(xc.numel(), [&](int64_t at, int64_t n) { gelu_tanh_backward_bf16(gi + at, xi + at, out + at, n); });
-  }
+  by_dtype(
+      xc,
+      [&] {
+        const float *gi = gc.const_data_ptr<float>(), *xi = xc.const_data_ptr<float>();
+        float* out = dx.mutable_data_ptr<float>();
+        chunks(xc.numel(), [&](int64_t at, int64_t n) { mfsdp::gelu_tanh_backward(gi + at, xi + at, out + at, n); });
+      },
+      [&] {
+        const uint16_t *gi = h16(gc), *xi = h16(xc);
+        uint16_t* out = m16(dx);
+        chunks(xc.numel(), [&](int64_t at, int64_t n) { gelu_tanh_backward_bf16(gi + at, xi + at, out + at, n); });
+      });
   return dx;
 }
 
