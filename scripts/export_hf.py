@@ -92,7 +92,10 @@ def parse_value(text):
 # rowwise_split_input after it (the input replicated, each rank taking its slice) rowwise_rep.
 KEPT_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "replicated_with_grad_allreduce": "replicated_with_grad_allreduce",
                "colwise_gather_output": "colwise_rep", "rowwise_split_input": "rowwise_rep",
-               "embedding_rowwise": "vocab_parallel"}  # GPT-NeoX's embed_in: its rows (the vocabulary) split
+               "embedding_rowwise": "vocab_parallel",  # GPT-NeoX's embed_in: its rows (the vocabulary) split
+               # MLA's kv_a_proj_with_mqa (DeepSeek V2): replicated; its output feeds the heads'
+               # colwise kv_b_proj and, unprojected, their shared rope keys, so its gradient is partial.
+               "mla_kv_a_proj": "replicated_with_grad_allreduce"}
 
 
 # The expert weights under an HF moe_tp_experts module, with the styles HF gives them, that mfsdp's
@@ -128,6 +131,37 @@ BUILTIN_TP_PLANS = {
                 "h.*.attn.attention.v_proj": "colwise", "h.*.attn.attention.out_proj": "rowwise",
                 "h.*.mlp.c_fc": "colwise", "h.*.mlp.c_proj": "rowwise", "ln_f": "sequence_parallel_gather"},
 }
+
+
+# Entries a family's config plan lacks, added when it has none for that module: DeepSeek V3's
+# config plans its MLP and experts but leaves the MLA attention replicated (each TP rank would run
+# every head, and under sequence parallelism the attention would see a part of the sequence);
+# DeepSeek V2's config plans the same attention this way.
+PLAN_SUPPLEMENTS = {
+    "deepseek_v3": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.q_b_proj": "colwise",
+                    "layers.*.self_attn.kv_a_proj_with_mqa": "mla_kv_a_proj",
+                    "layers.*.self_attn.kv_b_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise"},
+}
+
+
+def call_order(model, globs):
+    """The order in which one forward (4 tokens) first calls the modules inside `globs` (module-path
+    globs, layer indices as *), as {glob of the module: position}."""
+    import torch
+    order, hooks = {}, []
+    for name, mod in model.named_modules():
+        glob = re.sub(r"\.\d+\.", ".*.", name)
+        if any(glob.startswith(b + ".") for b in globs):
+            def first_call(m, args, glob=glob):  # returns None: the call's arguments unchanged
+                order.setdefault(glob, len(order))
+            hooks.append(mod.register_forward_pre_hook(first_call))
+    try:  # the class's forward (the instance's may be the contract's); the generator left as it was
+        with torch.no_grad(), torch.random.fork_rng():
+            type(model).forward(model, input_ids=torch.zeros(1, 4, dtype=torch.long), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return order
 
 
 class _TraceCtx:
@@ -251,6 +285,14 @@ def derive_tp_plan(model):
     if not base_plan:
         return None, f"{type(model.config).__name__} has no base_model_tp_plan: no tensor-parallel plan stored"
     prefix = model.base_model_prefix
+    names = [n for n, _ in model.named_modules()]
+    supplement = PLAN_SUPPLEMENTS.get(model.config.model_type, {}) if not builtin else {}
+    planned = dict(base_plan)
+    for key, style in supplement.items():
+        parent = key.rsplit(".", 1)[0]
+        if (not any(k == parent or k.startswith(parent + ".") for k in planned)
+                and any(glob_re(f"{prefix}.{key}").fullmatch(n) for n in names)):
+            base_plan = {**base_plan, key: style}
     plan = {}
     # Mixture-of-experts modules (HF's moe_tp_experts): the 3-D expert weights under it
     # (packed_colwise gate_up_proj, rowwise down_proj) are mfsdp's moe_experts on the module.
@@ -277,7 +319,6 @@ def derive_tp_plan(model):
         # An MoE config's plan also names the dense MLP's projections (Qwen2-MoE's gate_proj, for
         # layers in mlp_only_layers): where every layer is sparse they match no module, and are
         # left out as transformers leaves them.
-        names = [n for n, _ in model.named_modules()]
         for k in [k for k in plan if not any(glob_re(k).fullmatch(n) for n in names)]:
             del plan[k]
     # Sequence parallelism (distributed.sequence_parallel): HF attention reads the sequence length
@@ -292,6 +333,29 @@ def derive_tp_plan(model):
     blocks = {b for b in blocks if not any(o.startswith(b + ".") for o in blocks)}
     for blk in sorted(blocks):
         plan.setdefault(f"{prefix}.{blk}", "sequence_gathered")
+    # A replicated module with parameters inside such a block gets this rank's share of its
+    # gradient only: the block's colwise layers leave their input gradients partial (the block's
+    # input takes the one reduction). DeepSeek's MLA: q_a_proj and the q/kv norms feed the heads'
+    # colwise projections. Called before the block's rowwise output it is summed over TP always
+    # (replicated_with_grad_allreduce); after it, on the rowwise output's sequence-split result,
+    # under sequence parallelism only (sequence_parallel). mfsdp refuses an unmarked one.
+    gathered = [f"{prefix}.{b}" for b in blocks]
+    inner = []
+    for name, mod in model.named_modules():
+        glob = re.sub(r"\.\d+\.", ".*.", name)
+        if (any(glob.startswith(b + ".") for b in gathered) and any(True for _ in mod.parameters(recurse=False))
+                and not any(glob == p or glob.startswith(p + ".") for p, st in plan.items() if st != "sequence_gathered")
+                and glob not in inner):
+            inner.append(glob)
+    if inner:
+        order = call_order(model, gathered)
+        for glob in inner:
+            blk = next(b for b in gathered if glob.startswith(b + "."))
+            rowwise = [order[p] for p, st in plan.items() if p.startswith(blk + ".") and p in order
+                       and st.split(":")[0] in ("rowwise", "rowwise_rep")]
+            if glob in order:
+                before = not rowwise or order[glob] < min(rowwise)
+                plan[glob] = "replicated_with_grad_allreduce" if before else "sequence_parallel"
     # The router beside an experts module (and a shared expert, and its gate, where the config's
     # plan leaves them replicated) runs on this rank's tokens: under sequence parallelism their
     # gradients are partial, summed over TP.
@@ -321,6 +385,8 @@ def derive_tp_plan(model):
         head_name = next(n for n, m in model.named_modules() if m is head)
         plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
     origin = f"mfsdp's plan for {model.config.model_type}" if builtin else f"{type(model.config).__name__}.base_model_tp_plan"
+    if len(base_plan) > len(planned):
+        origin += f" and mfsdp's entries for its attention ({len(base_plan) - len(planned)}, PLAN_SUPPLEMENTS)"
     return plan, f"tensor-parallel plan from {origin} ({len(plan)} entries)"
 
 

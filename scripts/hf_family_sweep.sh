@@ -6,6 +6,8 @@
 # (no plan, a window, no sdpa) is listed with its error. Needs the build's test fixtures (ctest
 # made build/tests/fixture: base.yaml and its data).
 #   scripts/hf_family_sweep.sh [FAMILY...]      # default: all below; results under $SWEEP (/tmp/hf_sweep)
+#   scripts/hf_family_sweep.sh --real [NAME...] # shrunk copies of real models' config.json files
+#                                               # (scripts/hf_real_configs.py), exported with --model-dir
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${MFSDP_PYTHON:-.venv/bin/python}
@@ -30,10 +32,19 @@ declare -A M=(
   [gpt_bigcode]="vocab_size=264 n_embd=64 n_layer=2 n_head=4 n_positions=128"
   [falcon]="vocab_size=264 hidden_size=64 num_hidden_layers=2 num_attention_heads=4"
   [bloom]="vocab_size=264 hidden_size=64 n_layer=2 n_head=4"
+  [deepseek_v2]="$C num_key_value_heads=4 moe_intermediate_size=32 n_routed_experts=4 n_shared_experts=1 num_experts_per_tok=2 first_k_dense_replace=1 kv_lora_rank=16 q_lora_rank=24 qk_nope_head_dim=8 qk_rope_head_dim=8 v_head_dim=8"
+  [deepseek_v3]="$C num_key_value_heads=4 moe_intermediate_size=32 n_routed_experts=4 n_shared_experts=1 num_experts_per_tok=2 n_group=2 topk_group=1 first_k_dense_replace=1 kv_lora_rank=16 q_lora_rank=24 qk_nope_head_dim=8 qk_rope_head_dim=8 v_head_dim=8"
   [qwen3_next]="$G head_dim=16 num_experts=4 num_experts_per_tok=2 moe_intermediate_size=32 shared_expert_intermediate_size=64 linear_num_key_heads=2 linear_num_value_heads=4 linear_key_head_dim=8 linear_value_head_dim=8"
 )
+real=0
+if [ "${1:-}" = "--real" ]; then
+  real=1; shift
+  "$PY" scripts/hf_real_configs.py "$OUT/configs" > "$OUT/configs.list" || exit 2
+fi
 families=("$@")
-[ ${#families[@]} -gt 0 ] || families=($(printf '%s\n' "${!M[@]}" | sort))
+if [ ${#families[@]} -eq 0 ]; then
+  if [ $real = 1 ]; then families=($(cat "$OUT/configs.list")); else families=($(printf '%s\n' "${!M[@]}" | sort)); fi
+fi
 runs=()
 train() {  # NAME NP OVERRIDES...
   local name=$1 np=$2; shift 2
@@ -46,9 +57,15 @@ train() {  # NAME NP OVERRIDES...
   fi
 }
 for f in "${families[@]}"; do
-  [ -n "${M[$f]:-}" ] || { echo "hf_family_sweep: no config for $f" >&2; exit 2; }
-  # shellcheck disable=SC2086  # the config keys are words
-  if ! "$PY" scripts/export_hf.py --family "$f" --set ${M[$f]} --out "$OUT/models/$f.pt" > "$OUT/models/$f.log" 2>&1; then
+  if [ $real = 1 ]; then
+    [ -f "$OUT/configs/$f/config.json" ] || { echo "hf_family_sweep: no config $f in scripts/hf_real_configs.py" >&2; exit 2; }
+    export_args=(--model-dir "$OUT/configs/$f" --random-init)
+  else
+    [ -n "${M[$f]:-}" ] || { echo "hf_family_sweep: no config for $f" >&2; exit 2; }
+    # shellcheck disable=SC2206  # the config keys are words
+    export_args=(--family "$f" --set ${M[$f]})
+  fi
+  if ! "$PY" scripts/export_hf.py "${export_args[@]}" --out "$OUT/models/$f.pt" > "$OUT/models/$f.log" 2>&1; then
     echo "$f: export failed: $(tail -1 "$OUT/models/$f.log")"; continue
   fi
   train "${f}_s3_n2" 2 distributed.zero_dp_strategy=3

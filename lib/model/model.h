@@ -77,6 +77,10 @@ class Model {
   // that matches no parameter or a selection that leaves nothing to train. Returns a log line, or
   // "" when every parameter trains.
   std::string apply_trainable(const Config& cfg);
+  // Which parameters model.trainable / model.frozen (or the file's mfsdp/trainable.json) leave to
+  // train, by index; the same checks as apply_trainable, without changing anything. `source` names
+  // where the selection came from.
+  std::vector<bool> trainable_mask(const Config& cfg, std::string* source = nullptr) const;
 
   // Chooses the FSDP units: `patterns` (class names, qualified class names or module-path globs,
   // outermost match wins) or, when null, the largest set of repeated sibling modules, and besides

@@ -27,7 +27,7 @@ std::string some_names(const std::vector<ModelParam>& params) {
 
 }  // namespace
 
-std::string Model::apply_trainable(const Config& cfg) {
+std::vector<bool> Model::trainable_mask(const Config& cfg, std::string* source_out) const {
   const auto& mc = cfg.model;
   std::vector<bool> train(params_.size(), true);
   std::string source = "every parameter";
@@ -73,6 +73,14 @@ std::string Model::apply_trainable(const Config& cfg) {
       throw ConfigError(fmt::format("{}: '{}' matches no parameter of {} (parameters are named like {})",
                                     cfg.where("model.frozen"), glob, path_, some_names(params_)));
   }
+  if (source_out) *source_out = source;
+  return train;
+}
+
+std::string Model::apply_trainable(const Config& cfg) {
+  const auto& mc = cfg.model;
+  std::string source;
+  const std::vector<bool> train = trainable_mask(cfg, &source);
   int64_t n_train = 0, e_train = 0, e_all = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].frozen = !train[i];

@@ -810,9 +810,22 @@ at::Tensor cp_attention(const at::Tensor& q, const at::Tensor& k, const at::Tens
     return cp_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scale, softcap);
   }
   if (!c) return local_attention(q, k, v, scale, softcap);
+  // Values of another head size than the queries' and keys' (DeepSeek's MLA: q/k heads of
+  // qk_nope + qk_rope = 192, values of 128): the blocks and the exchange hold keys and values
+  // stacked in one tensor, so the smaller side is padded with zeros to the larger. Zero value
+  // columns give zero output columns (cut off again); zero query/key columns add nothing to the
+  // scores (the scale is fixed above, from the real head size). Autograd drops the pads'
+  // gradients. It costs the padding's share of the exchange and the P.V products (HF's flash path
+  // pads MLA's values the same way).
+  if (q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(3) == q.size(3) && v.size(3) != q.size(3)) {
+    const int64_t dqk = q.size(3), dv = v.size(3);
+    if (dv < dqk) return cp_attention(q, k, at::constant_pad_nd(v, {0, dqk - dv}), scale, softcap).narrow(3, 0, dv);
+    return cp_attention(at::constant_pad_nd(q, {0, dv - dqk}), at::constant_pad_nd(k, {0, dv - dqk}), v, scale, softcap);
+  }
   if (q.dim() != 4 || (!grouped && (k.sizes() != q.sizes() || v.sizes() != q.sizes())))
     throw UserError(fmt::format("context parallel attention: q, k, v must be [batch, heads, seq, head_dim] of one shape, "
-                                "got [{}], [{}], [{}] (keys and values may have fewer heads only if theirs divide the queries')",
+                                "got [{}], [{}], [{}] (keys and values may have fewer heads only if theirs divide the "
+                                "queries', and values another head_dim)",
                                 fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", ")));
   if (q.size(2) % 2 != 0) throw UserError("context parallel attention: the local sequence must hold two equal chunks");
   return g_ring.load() ? RingCpAttention::apply(q, k, v, scale, softcap) : CpAttention::apply(q, k, v, scale, softcap);

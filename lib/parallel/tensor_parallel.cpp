@@ -321,15 +321,38 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
   for (size_t e = 0; e < plan.entries.size(); ++e)
     if (!used[e]) fail(e, "matches no module of " + model.path() + " (patterns are globs over full module paths). The "
                           "model's modules:\n" + model.module_tree());
+  auto gathered = [&](const std::string& name) {
+    for (const auto& [path, style] : a.module_styles)
+      if (style.kind == "sequence_gathered" && name.rfind(path + ".", 0) == 0) return true;
+    return false;
+  };
+  if (tp > 1) {
+    // Inside a sequence_gathered block the colwise layers have no collective of their own (the
+    // block's input takes the one reduction, DESIGN.md section 13), so the gradient reaching a
+    // replicated module inside it is this rank's share only: DeepSeek's q_a_proj and its norm feed
+    // the heads' colwise q_b_proj, a per-head norm sees this rank's heads. Left unmarked, each TP
+    // rank would step its copy with a different partial gradient and train another model, silently
+    // (measured: 1.7e-4 off PyTorch in 11 steps). Such a module says which sum it needs:
+    // replicated_with_grad_allreduce (before or beside the split layers: always summed) or
+    // sequence_parallel (after the block's rowwise output: summed under sequence parallelism).
+    // Frozen parameters take no gradient and need nothing.
+    const std::vector<bool> trained = model.trainable_mask(cfg);
+    std::vector<std::string> partial;
+    for (size_t i = 0; i < n; ++i)
+      if (trained[i] && a.split_dim[i] < 0 && a.param_styles[i].empty() && gathered(model.params()[i].name))
+        partial.push_back(model.params()[i].name);
+    if (!partial.empty())
+      throw ConfigError(plan.source + ": these parameters are replicated inside a sequence_gathered block, whose "
+                        "colwise layers leave their input gradients partial, and no plan entry says how to sum their "
+                        "gradients over tensor parallelism: " + join(partial, ", ") +
+                        ". Give their modules replicated_with_grad_allreduce (read before or beside the split layers: "
+                        "a projection or norm feeding colwise layers, a per-head norm) or sequence_parallel (after "
+                        "the block's rowwise output)");
+  }
   if (sp) {
     // Inside units, a replicated parameter sees this rank's part of the sequence only; its gradient
-    // is right only when summed across TP. Ask for it explicitly rather than guess.
-    // A sequence_gathered block sees the whole sequence: its replicated parameters need nothing.
-    auto gathered = [&](const std::string& name) {
-      for (const auto& [path, style] : a.module_styles)
-        if (style.kind == "sequence_gathered" && name.rfind(path + ".", 0) == 0) return true;
-      return false;
-    };
+    // is right only when summed across TP. Ask for it explicitly rather than guess. Inside a
+    // sequence_gathered block the check above has already asked.
     std::vector<std::string> unmarked;
     for (size_t i = 0; i < n; ++i)
       if (model.in_block(i) && a.split_dim[i] < 0 && !a.grad_sum[i] && !gathered(model.params()[i].name))

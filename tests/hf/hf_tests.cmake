@@ -92,6 +92,16 @@ mfsdp_hf_run(hf_mixtral_tp2_s1_n2 2 mixtral distributed.tp_size=2 distributed.ze
 mfsdp_hf_run(hf_mixtral_tp2_sp_s3_n4 4 mixtral distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_olmo2_tp2_sp_s3_n4 4 olmo2 distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_olmo2_tp2_cp2_s1_n4 4 olmo2 distributed.tp_size=2 distributed.cp_size=2 distributed.zero_dp_strategy=1)
+# DeepSeek V3's multi-head latent attention: split by heads under TP (q_b_proj, kv_b_proj colwise,
+# o_proj rowwise) with the replicated q_a_proj, kv_a_proj_with_mqa and their norms summed over TP
+# (their gradients there are this rank's heads' share), with SP; under CP its values (head size 8)
+# padded to the queries' and keys' (16) inside the blockwise attention, both exchanges.
+mfsdp_hf_run(hf_deepseek_v3_tp2_sp_s3_n4 4 deepseek_v3 distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_deepseek_v3_cp2_s2_n2 2 deepseek_v3 distributed.cp_size=2 distributed.zero_dp_strategy=2)
+mfsdp_hf_run(hf_deepseek_v3_tp2_cp2_p2p_s1_n4 4 deepseek_v3 distributed.tp_size=2 distributed.cp_size=2
+             distributed.cp_comm_type=p2p distributed.zero_dp_strategy=1)
+list(APPEND hf_runs hf_deepseek_v3_tp2_sp_s3_n4 hf_deepseek_v3_cp2_s2_n2 hf_deepseek_v3_tp2_cp2_p2p_s1_n4)
 list(APPEND hf_runs hf_bloom_s3_n2 hf_gpt_neo_cp2_p2p_s3_n2 hf_gpt_neo_tp2_sp_s1_n4 hf_bloom_s1_n4 hf_falcon_cp2_s3_n2 hf_falcon_cp2_p2p_s0_n4 hf_mixtral_s3_n4
      hf_mixtral_cp2_s2_n2 hf_llama4_text_s2_n2 hf_olmo2_tp2_sp_s3_n4 hf_olmo2_tp2_cp2_s1_n4 hf_mixtral_tp2_s1_n2
      hf_mixtral_tp2_sp_s3_n4)
@@ -106,6 +116,18 @@ add_test(NAME hf_moe_experts_on_a_linear
                  model.path=${HFX}/mixtral.pt distributed.tp_size=2
                  "distributed.tp_plan={\"model.layers.*.self_attn.q_proj\": moe_experts}")
 set_tests_properties(hf_moe_experts_on_a_linear PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2)
+
+# A replicated module inside a sequence_gathered block gets this rank's share of its gradient
+# (the block's colwise layers leave the reduction to the block's input): a plan that does not say
+# how to sum it is refused, with or without SP, naming the parameters. Left unmarked, DeepSeek V3
+# trained 1.7e-4 off PyTorch in 11 steps (measured before the check).
+set(_mla_unmarked "{\"model.layers.*.self_attn\": sequence_gathered, \"model.layers.*.self_attn.q_b_proj\": colwise, \"model.layers.*.self_attn.kv_b_proj\": colwise, \"model.layers.*.self_attn.o_proj\": rowwise, \"model.embed_tokens\": vocab_parallel, \"lm_head\": colwise}")
+add_test(NAME hf_gathered_block_unmarked_replicated
+         COMMAND ${EXPECT} 2 "replicated inside a sequence_gathered block.*model.layers.0.self_attn.q_a_proj.weight.*replicated_with_grad_allreduce" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_mla_unmarked
+                 model.path=${HFX}/deepseek_v3.pt distributed.tp_size=2 "distributed.tp_plan=${_mla_unmarked}")
+set_tests_properties(hf_gathered_block_unmarked_replicated PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2
+                     TIMEOUT 120)
 
 # The check can fail: Qwen3's q/k norms see only this rank's heads under TP; with a plan that
 # leaves them plain replicated (no gradient sum) the losses leave PyTorch's.

@@ -8,7 +8,7 @@ Llama with grouped-query attention; Mistral, and one with a sliding window of 8 
 an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
 GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
 gate_up: colwise_gather_output and rowwise_split_input, kept as colwise_rep and rowwise_rep); GPT-NeoX, Phi,
-Gemma 2, StableLM and OPT, BLOOM, Falcon, Mixtral, Llama 4 text, OLMo 2 and GPT-Neo (below); and
+Gemma 2, StableLM and OPT, BLOOM, Falcon, Mixtral, Llama 4 text, OLMo 2, DeepSeek V3 and GPT-Neo (below); and
 three LoRA models wrapped by PEFT (llama_lora, qwen2_lora, gpt2_lora).
 """
 import contextlib
@@ -54,6 +54,15 @@ MODELS = {
     "llama4_text": ["--family", "llama4_text", "--set", *COMMON, "intermediate_size_mlp=128", "num_key_value_heads=2",
                     "head_dim=16", "num_local_experts=2", "attention_chunk_size=8"],
     "olmo2": ["--family", "olmo2", "--set", *COMMON, "num_key_value_heads=2"],
+    # DeepSeek V3: multi-head latent attention (q_a_proj -> norm -> q_b_proj; kv_a_proj_with_mqa
+    # -> norm -> kv_b_proj, plus a rope key shared by the heads; values of 8 against q/k heads of
+    # 16) and a sparse MoE after one dense layer. Its config plans the MLP only: export_hf.py adds
+    # the attention (PLAN_SUPPLEMENTS) and marks the replicated projections and norms before the
+    # heads replicated_with_grad_allreduce.
+    "deepseek_v3": ["--family", "deepseek_v3", "--set", *COMMON, "num_key_value_heads=4", "moe_intermediate_size=32",
+                    "n_routed_experts=4", "n_shared_experts=1", "num_experts_per_tok=2", "n_group=2", "topk_group=1",
+                    "first_k_dense_replace=1", "kv_lora_rank=16", "q_lora_rank=24", "qk_nope_head_dim=8",
+                    "qk_rope_head_dim=8", "v_head_dim=8"],
     # GPT-Neo: its own attention method (unscaled scores), global layers only so that CP applies.
     "gpt_neo": ["--family", "gpt_neo", "--set", "vocab_size=264", "hidden_size=64", "num_layers=2", "num_heads=4",
                 'attention_types=[[["global"],2]]', "max_position_embeddings=128"],
