@@ -164,6 +164,54 @@ def call_order(model, globs):
     return order
 
 
+def checkpoint_layout(model):
+    """How this family's HF checkpoints store what the model holds otherwise (transformers' own
+    conversion mapping for the model type, applied by from_pretrained and reversed by
+    save_pretrained): MoE experts saved one tensor per expert and projection
+    (`mlp.experts.3.gate_proj.weight`) but held stacked (`mlp.experts.gate_up_proj`, [E, 2I, H]),
+    and renamed modules (Mixtral's `block_sparse_moe` for `mlp`). Returns ({"renames": [[file regex,
+    model name]], "stacks": {parameter: [its pieces' names, in the order of their elements]}}, note)
+    for mfsdp's model.init_from (and the reverse for export --format hf), or (None, note) when the
+    mapping uses an operation mfsdp does not mirror. Only stacking along a new first dimension and
+    concatenating along the next (transformers' MergeModulelist(dim=0) + Concatenate(dim=1)) is
+    mirrored: each piece is then one contiguous run of the parameter's elements."""
+    try:
+        from transformers.conversion_mapping import extract_weight_conversions_for_model
+        from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, WeightRenaming
+        transforms = extract_weight_conversions_for_model(model) or []
+    except Exception as e:  # another transformers: none of it is used then
+        return None, f"transformers' checkpoint conversion mapping not read ({type(e).__name__}: {e})"
+    if not transforms:
+        return None, None
+    renames, converters = [], []
+    for t in transforms:
+        src, dst = list(t._original_source_patterns), list(t._original_target_patterns)
+        if type(t) is WeightRenaming and len(dst) == 1:
+            renames += [[pat, dst[0]] for pat in src]
+            continue
+        ops = list(getattr(t, "operations", []))
+        kinds = [(type(o), getattr(o, "dim", None)) for o in ops]
+        if (type(t) is WeightConverter and len(dst) == 1 and all(p.count("*") == 1 for p in src)
+                and kinds in ([(MergeModulelist, 0)], [(MergeModulelist, 0), (Concatenate, 1)])
+                and (len(src) == 1) == (len(kinds) == 1)):
+            converters.append((src, dst[0]))
+            continue
+        return None, (f"the HF checkpoint layout of {model.config.model_type} ({type(t).__name__} "
+                      f"{src} -> {dst}: {', '.join(type(o).__name__ for o in ops) or 'no operations'}) is not "
+                      "mirrored by mfsdp: model.init_from reads directories saved in the model's own names only")
+    stacks = {}
+    for name, p in model.named_parameters():
+        for src, dst in converters:
+            if name.endswith(dst):
+                prefix = name[: len(name) - len(dst)]
+                stacks[name] = [prefix + pat.replace("*", str(e)) for e in range(p.shape[0]) for pat in src]
+    if not stacks and not renames:
+        return None, None
+    return ({"renames": renames, "stacks": stacks},
+            f"checkpoint layout from transformers' conversion mapping: {len(renames)} rename(s), {len(stacks)} "
+            "stacked parameter(s) read from per-expert tensors by model.init_from")
+
+
 class _TraceCtx:
     """A stand-in for an autograd Function's ctx while its forward is traced: what the forward saves
     for its backward is dropped (the trace's autograd differentiates the forward's own ops)."""
@@ -333,29 +381,58 @@ def derive_tp_plan(model):
     blocks = {b for b in blocks if not any(o.startswith(b + ".") for o in blocks)}
     for blk in sorted(blocks):
         plan.setdefault(f"{prefix}.{blk}", "sequence_gathered")
-    # A replicated module with parameters inside such a block gets this rank's share of its
-    # gradient only: the block's colwise layers leave their input gradients partial (the block's
-    # input takes the one reduction). DeepSeek's MLA: q_a_proj and the q/kv norms feed the heads'
-    # colwise projections. Called before the block's rowwise output it is summed over TP always
-    # (replicated_with_grad_allreduce); after it, on the rowwise output's sequence-split result,
-    # under sequence parallelism only (sequence_parallel). mfsdp refuses an unmarked one.
+    # A replicated module with parameters inside such a block may see only this rank's share of its
+    # gradient: the block's colwise layers leave their input gradients partial (the block's input
+    # takes the one reduction), and so do heads split by a colwise layer. mfsdp refuses an
+    # unmarked one; the mark follows from the split layer the forward called last before it:
+    #   none (it feeds the split layers: DeepSeek's q_a_proj and its norm), or colwise (it works on
+    #   this rank's heads): replicated_with_grad_allreduce, summed over TP;
+    #   colwise_rep (it works on a gathered, whole output: OLMoE's q/k norms over all heads, up to a
+    #   rowwise_rep layer, whose split input's gradient is gathered whole): replicate, no sum;
+    #   rowwise / rowwise_rep (after the block's output reduction): sequence_parallel, summed under
+    #   sequence parallelism, where that output is split along the sequence.
+    # A block with colwise_rep layers and no rowwise one returns a gathered output (Qwen3-Next's
+    # linear attention: in_proj_qkvz, in_proj_ba and out_proj each colwise_gather_output, with a
+    # convolution, decay parameters and a norm between them). HF all-reduces each such layer's input
+    # gradient; mfsdp's one reduction per block leaves the code between them partial, and the
+    # gather's backward (this rank's slice) would drop the other ranks' shares: measured 1.7e-3 off
+    # PyTorch. Such a block stays replicated (its entries dropped): each TP rank runs it whole,
+    # exact without SP; under SP mfsdp refuses it, naming its parameters.
     gathered = [f"{prefix}.{b}" for b in blocks]
-    inner = []
-    for name, mod in model.named_modules():
-        glob = re.sub(r"\.\d+\.", ".*.", name)
-        if (any(glob.startswith(b + ".") for b in gathered) and any(True for _ in mod.parameters(recurse=False))
-                and not any(glob == p or glob.startswith(p + ".") for p, st in plan.items() if st != "sequence_gathered")
-                and glob not in inner):
-            inner.append(glob)
+
+    def unstyled(blocks_, itself):  # globs of modules with parameters of their own inside blocks_, no style
+        found = []
+        for name, mod in model.named_modules():
+            glob = re.sub(r"\.\d+\.", ".*.", name)
+            if (any(glob.startswith(b + ".") or (itself and glob == b) for b in blocks_)
+                    and any(True for _ in mod.parameters(recurse=False))
+                    and not any(glob == p or glob.startswith(p + ".") for p, st in plan.items()
+                                if st != "sequence_gathered")
+                    and glob not in found):
+                found.append(glob)
+        return found
+    kept_whole = []
+    for blk in list(gathered):
+        inside = [p for p in plan if p.startswith(blk + ".")]
+        kinds = {plan[p].split(":")[0] for p in inside}
+        if "colwise_rep" in kinds and not kinds & {"rowwise", "rowwise_rep"} and unstyled([blk], itself=True):
+            for p in inside + [blk]:
+                del plan[p]
+            gathered.remove(blk)
+            kept_whole.append(blk)
+    inner = unstyled(gathered, itself=False)
     if inner:
         order = call_order(model, gathered)
         for glob in inner:
+            if glob not in order:
+                continue  # never called (its parameters used otherwise): mfsdp asks, naming them
             blk = next(b for b in gathered if glob.startswith(b + "."))
-            rowwise = [order[p] for p, st in plan.items() if p.startswith(blk + ".") and p in order
-                       and st.split(":")[0] in ("rowwise", "rowwise_rep")]
-            if glob in order:
-                before = not rowwise or order[glob] < min(rowwise)
-                plan[glob] = "replicated_with_grad_allreduce" if before else "sequence_parallel"
+            before = sorted((order[p], plan[p].split(":")[0]) for p in plan
+                            if p.startswith(blk + ".") and p in order and order[p] < order[glob]
+                            and plan[p].split(":")[0] in ("colwise", "colwise_rep", "rowwise", "rowwise_rep"))
+            last = before[-1][1] if before else None
+            plan[glob] = {None: "replicated_with_grad_allreduce", "colwise": "replicated_with_grad_allreduce",
+                          "colwise_rep": "replicate"}.get(last, "sequence_parallel")
     # The router beside an experts module (and a shared expert, and its gate, where the config's
     # plan leaves them replicated) runs on this rank's tokens: under sequence parallelism their
     # gradients are partial, summed over TP.
@@ -387,6 +464,9 @@ def derive_tp_plan(model):
     origin = f"mfsdp's plan for {model.config.model_type}" if builtin else f"{type(model.config).__name__}.base_model_tp_plan"
     if len(base_plan) > len(planned):
         origin += f" and mfsdp's entries for its attention ({len(base_plan) - len(planned)}, PLAN_SUPPLEMENTS)"
+    if kept_whole:
+        origin += (f"; {', '.join(kept_whole)} kept whole on every TP rank (replicated code with parameters between "
+                   "colwise_gather_output layers; not under sequence parallelism)")
     return plan, f"tensor-parallel plan from {origin} ({len(plan)} entries)"
 
 
@@ -790,6 +870,9 @@ def main(argv=None):
         elif plan and adapter_config is not None:
             plan, note = peft_tp_plan(plan, model)
     print(f"export_hf: {note}", file=sys.stderr)
+    layout, layout_note = checkpoint_layout(hf_model)
+    if layout_note:
+        print(f"export_hf: {layout_note}", file=sys.stderr)
     hf_config = cfg.to_dict()
     hf_config["architectures"] = [type(hf_model).__name__]
     hf_config["torch_dtype"] = "float32" if dtype == torch.float32 else "bfloat16"
@@ -806,7 +889,9 @@ def main(argv=None):
             "transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
             "source": os.path.abspath(args.model_dir) if args.model_dir else None,
             "weights": "random" if (args.random_init or not args.model_dir) else "model directory",
-            "attention_window": attention_window(cfg)}, indent=1),
+            "attention_window": attention_window(cfg),
+            # the family's HF checkpoint names, where they differ from the model's (checkpoint_layout)
+            "checkpoint_layout": layout}, indent=1),
     }
     if plan:
         extra["mfsdp/tp_plan.json"] = json.dumps(plan, indent=1)

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -67,7 +68,30 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
   const std::string& src = cfg.model.init_from;
   std::string error, summary;
   try {
-    std::vector<std::pair<std::regex, std::string>> rules;
+    // The family's HF checkpoint layout, as the exporter read it from transformers' conversion
+    // mapping (scripts/export_hf.py checkpoint_layout): module renames from the files' names to the
+    // model's (Mixtral's block_sparse_moe -> mlp), applied before model.init_from_rename, and
+    // parameters stacked from per-expert tensors (experts.gate_up_proj [E, 2I, H] from
+    // experts.e.gate_proj.weight and experts.e.up_proj.weight, e = 0..E-1), each piece one
+    // contiguous run of the parameter's elements, in order. The renames follow model.init_from_rename
+    // (whose rules see the files' own names).
+    std::vector<std::pair<std::regex, std::string>> layout_renames, rules;
+    std::map<std::string, std::vector<std::string>> stacks;
+    if (!model.stored_hf_export().empty()) {
+      const auto j = nlohmann::json::parse(model.stored_hf_export(), nullptr, false);
+      if (j.is_object() && j.contains("checkpoint_layout") && j["checkpoint_layout"].is_object()) {
+        const auto& layout = j["checkpoint_layout"];
+        try {
+          const nlohmann::json renames = layout.value("renames", nlohmann::json::array());
+          const nlohmann::json stacked = layout.value("stacks", nlohmann::json::object());  // held: items() views it
+          for (const auto& r : renames)
+            layout_renames.emplace_back(std::regex(r.at(0).get<std::string>()), r.at(1).get<std::string>());
+          for (const auto& [param, pieces] : stacked.items()) stacks[param] = pieces.get<std::vector<std::string>>();
+        } catch (const std::exception& e) {
+          throw UserError(model.path() + ": its mfsdp/hf_export.json checkpoint_layout is malformed: " + e.what());
+        }
+      }
+    }
     for (const auto& r : cfg.model.init_from_rename) {
       auto eq = r.find('=');
       rules.emplace_back(std::regex(r.substr(0, eq)), r.substr(eq + 1));
@@ -85,6 +109,7 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
       for (const auto& original : files.back()->names()) {
         std::string name = original;
         for (const auto& [re, to] : rules) name = std::regex_replace(name, re, to);
+        for (const auto& [re, to] : layout_renames) name = std::regex_replace(name, re, to);
         if (name.empty()) continue;  // dropped by a rule
         if (by_name.count(name))
           throw UserError(fmt::format("{}: model.init_from: two tensors become {} ({} and {}{})", src, name,
@@ -109,10 +134,11 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
                           "at export; export the model from the HF directory with its weights instead "
                           "(scripts/export_hf.py --model-dir DIR --lora-dora, without --random-init) and drop model.init_from");
     }
-    std::vector<const Source*> of_param(model.params().size(), nullptr);
+    // Each parameter's source: one tensor of its name, or the pieces of a stacked one.
+    std::vector<std::vector<const Source*>> of_param(model.params().size());
     std::set<std::string> used;
     std::vector<std::string> missing, misshaped;
-    int64_t kept_adapters = 0;
+    int64_t kept_adapters = 0, stacked = 0;
     for (size_t i = 0; i < model.params().size(); ++i) {
       const auto& p = model.params()[i];
       std::vector<std::string> names{p.name};
@@ -124,15 +150,50 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
         auto it = by_name.find(n);
         if (it == by_name.end()) continue;
         used.insert(n);
-        if (!of_param[i]) of_param[i] = &it->second;
+        if (of_param[i].empty()) of_param[i] = {&it->second};
         const auto shape = it->second.file->get(it->second.name).sizes().vec();
         if (shape != p.global_shape())
           misshaped.push_back(fmt::format("{} [{}] in the file, [{}] in the model", n, fmt::join(shape, ", "),
                                           fmt::join(p.global_shape(), ", ")));
       }
-      if (!of_param[i]) {
+      for (size_t k = 0; k < names.size() && of_param[i].empty(); ++k) {
+        auto st = stacks.find(names[k]);
+        if (st == stacks.end()) continue;
+        // Every piece must be there, of the shape of one row-block of the parameter: [E, K*r, ...]
+        // stacks E x K pieces of [r, ...].
+        const std::vector<int64_t> whole = p.global_shape();
+        const int64_t count = int64_t(st->second.size()), per_row = whole.empty() || whole[0] == 0 ? 0 : count / whole[0];
+        std::vector<int64_t> piece_shape(whole.begin() + (whole.empty() ? 0 : 1), whole.end());
+        if (per_row > 0 && !piece_shape.empty()) piece_shape[0] /= per_row;
+        std::vector<const Source*> pieces;
+        std::vector<std::string> absent;
+        for (const auto& n : st->second) {
+          auto it = by_name.find(n);
+          if (it == by_name.end()) {
+            absent.push_back(n);
+            continue;
+          }
+          used.insert(n);
+          pieces.push_back(&it->second);
+          const auto shape = it->second.file->get(it->second.name).sizes().vec();
+          if (shape != piece_shape)
+            misshaped.push_back(fmt::format("{} [{}] in the file, [{}] expected as one of the {} pieces of {} [{}]", n,
+                                            fmt::join(shape, ", "), fmt::join(piece_shape, ", "), count, p.name,
+                                            fmt::join(whole, ", ")));
+        }
+        if (absent.size() == st->second.size()) continue;  // stored whole under another name, or missing
+        if (!absent.empty())
+          missing.push_back(fmt::format("{} (the pieces {})", p.name, list(absent, 4)));
+        else {
+          of_param[i] = pieces;
+          ++stacked;
+        }
+      }
+      if (of_param[i].empty()) {
         if (peft && is_lora_param(p.name)) ++kept_adapters;
-        else missing.push_back(p.name);
+        else if (std::find_if(missing.begin(), missing.end(),
+                              [&](const std::string& m) { return m.rfind(p.name + " ", 0) == 0; }) == missing.end())
+          missing.push_back(p.name);
       }
     }
     std::vector<std::string> unexpected;
@@ -154,18 +215,30 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
     std::map<std::string, size_t> param_by_name;
     for (size_t i = 0; i < model.params().size(); ++i) param_by_name[model.params()[i].name] = i;
     for (size_t i = 0; i < slots.size(); ++i) {
-      const Source* s = of_param.at(param_by_name.at(slots[i].name));
-      if (!s) continue;  // a LoRA adapter the files lack: as exported
-      at::Tensor full = s->file->get(s->name).reshape({-1});  // a view of the mapped file
+      const auto& sources = of_param.at(param_by_name.at(slots[i].name));
+      if (sources.empty()) continue;  // a LoRA adapter the files lack: as exported
+      // The global elements laid end to end: one tensor, or a stack's pieces in order (views of
+      // the mapped files); starts[k] is piece k's first global element.
+      std::vector<at::Tensor> flat;
+      std::vector<int64_t> starts{0};
+      for (const Source* s : sources) {
+        flat.push_back(s->file->get(s->name).reshape({-1}));
+        starts.push_back(starts.back() + flat.back().numel());
+      }
       at::Tensor dst = slots[i].weight.reshape({-1});
       const auto& r = ranges[i];
       r.tp.for_each_run(r.begin, r.end, [&](int64_t g, int64_t l, int64_t len) {
-        dst.narrow(0, l - r.begin, len).copy_(full.narrow(0, g, len));
+        size_t k = size_t(std::upper_bound(starts.begin(), starts.end(), g) - starts.begin()) - 1;
+        for (int64_t done = 0; done < len; ++k) {  // a run may span pieces
+          const int64_t from = g + done - starts[k], n = std::min(len - done, starts[k + 1] - (g + done));
+          dst.narrow(0, l - r.begin + done, n).copy_(flat[k].narrow(0, from, n));
+          done += n;
+        }
         copied += len;
       });
       // The slice read, its mapped pages need not stay resident: otherwise the peak of the load
       // is this rank's shards plus every page of the files it touched.
-      s->file->release(s->name);
+      for (const Source* s : sources) s->file->release(s->name);
     }
     std::string types;
     for (const auto& [t, _] : dtypes) types += (types.empty() ? "" : "/") + t;
@@ -173,6 +246,9 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
                           "slots{}",
                           src, used.size(), files.size(), types, copied,
                           rules.empty() ? "" : fmt::format(", {} rename rule(s)", rules.size())) +
+              (stacked ? fmt::format("; {} parameter(s) stacked from per-expert tensors (the family's HF layout)",
+                                     stacked)
+                       : "") +
               (kept_adapters ? fmt::format("; {} LoRA adapter tensors not in the files kept as exported", kept_adapters)
                              : "");
   } catch (const UserError& e) {

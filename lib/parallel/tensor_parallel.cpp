@@ -298,6 +298,14 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
         a.grad_sum[size_t(pi)] = sp;
         if (a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = k;
       }
+    } else if (k == "replicate") {
+      // Said explicitly: replicated with a gradient that is whole on every TP rank (inside a
+      // sequence_gathered block, code between a colwise_rep layer's gathered output and a
+      // rowwise_rep layer: OLMoE's q/k norms over all heads), so no sum.
+      for (const auto& p : nm.value.named_parameters(/*recurse=*/true)) {
+        const int pi = by_name.at(nm.name + "." + p.name);
+        if (a.split_dim[size_t(pi)] < 0 && a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = k;
+      }
     }
   }
   // A split parameter must be split for every module that uses it: a tied weight split by the
@@ -334,8 +342,10 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
     // rank would step its copy with a different partial gradient and train another model, silently
     // (measured: 1.7e-4 off PyTorch in 11 steps). Such a module says which sum it needs:
     // replicated_with_grad_allreduce (before or beside the split layers: always summed) or
-    // sequence_parallel (after the block's rowwise output: summed under sequence parallelism).
-    // Frozen parameters take no gradient and need nothing.
+    // sequence_parallel (after the block's rowwise output: summed under sequence parallelism),
+    // or replicate where the gradient is whole (after a colwise_rep layer's gathered output, before
+    // a rowwise_rep layer, whose split input's gradient is all-gathered whole). Frozen parameters
+    // take no gradient and need nothing.
     const std::vector<bool> trained = model.trainable_mask(cfg);
     std::vector<std::string> partial;
     for (size_t i = 0; i < n; ++i)
@@ -346,8 +356,9 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
                         "colwise layers leave their input gradients partial, and no plan entry says how to sum their "
                         "gradients over tensor parallelism: " + join(partial, ", ") +
                         ". Give their modules replicated_with_grad_allreduce (read before or beside the split layers: "
-                        "a projection or norm feeding colwise layers, a per-head norm) or sequence_parallel (after "
-                        "the block's rowwise output)");
+                        "a projection or norm feeding colwise layers, a per-head norm), sequence_parallel (after "
+                        "the block's rowwise output) or replicate (whole gradients: between a colwise_rep layer's "
+                        "gathered output and a rowwise_rep layer)");
   }
   if (sp) {
     // Inside units, a replicated parameter sees this rank's part of the sequence only; its gradient

@@ -418,9 +418,26 @@ mfsdp_hf_run(hf_llama_init_meta_tp2_s3_n4 4 llama distributed.tp_size=2 distribu
 mfsdp_train_run(llama_init_meta_s3_n2 2 model.path=${FX}/llama.pt distributed.zero_dp_strategy=3
                 distributed.init_fsdp_with_meta_device=true model.init_from=${FX}/llama_renamed.safetensors
                 "model.init_from_rename=[\"^backbone\\\\.rotary\\\\.inv_freq$=\", \"^backbone\\\\.=\"]")
-set_tests_properties(run_hf_llama_init_tp2_s3_n4 run_hf_llama_init_meta_tp2_s3_n4 run_llama_init_meta_s3_n2 PROPERTIES
+# Mixtral's directory in the hub's layout (per-expert tensors under block_sparse_moe): the exporter
+# stored transformers' conversion (checkpoint_layout), so mfsdp stacks each rank's slices of the
+# experts from the pieces, under TP (each rank's part of every expert's intermediate dimension) and
+# on the meta device; the oracle loads the directory with transformers' from_pretrained.
+mfsdp_hf_run(hf_mixtral_init_tp2_s3_n4 4 mixtral distributed.tp_size=2 distributed.zero_dp_strategy=3
+             model.init_from=${HFX}/mixtral_pretrained)
+mfsdp_hf_run(hf_mixtral_init_meta_s3_n2 2 mixtral distributed.zero_dp_strategy=3
+             model.init_from=${HFX}/mixtral_pretrained distributed.init_fsdp_with_meta_device=true)
+set_tests_properties(run_hf_llama_init_tp2_s3_n4 run_hf_llama_init_meta_tp2_s3_n4 run_llama_init_meta_s3_n2
+                     run_hf_mixtral_init_tp2_s3_n4 run_hf_mixtral_init_meta_s3_n2 PROPERTIES
                      FIXTURES_REQUIRED "train;hf_models;hf_init_weights")
-mfsdp_oracle(init_from RUNS hf_llama_init_tp2_s3_n4 hf_llama_init_meta_tp2_s3_n4 llama_init_meta_s3_n2)
+mfsdp_oracle(init_from RUNS hf_llama_init_tp2_s3_n4 hf_llama_init_meta_tp2_s3_n4 llama_init_meta_s3_n2
+             hf_mixtral_init_tp2_s3_n4 hf_mixtral_init_meta_s3_n2)
+# A piece of a stacked parameter missing from the directory: named with the parameter.
+add_test(NAME init_from_stack_piece_missing
+         COMMAND ${EXPECT} 2 "missing \\(in the model, not in the files\\): model.layers.1.mlp.experts.down_proj \\(the pieces model.layers.1.mlp.experts.3.w2.weight\\)" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/mixtral.pt run_dir=${FX}/init_bad_stack
+                 model.init_from=${HFX}/mixtral_pretrained "model.init_from_rename=[\"^model\\\\.layers\\\\.1\\\\.block_sparse_moe\\\\.experts\\\\.3\\\\.w2\\\\.weight$=\"]")
+set_tests_properties(init_from_stack_piece_missing PROPERTIES FIXTURES_REQUIRED "train;hf_models;hf_init_weights"
+                     PROCESSORS 2 TIMEOUT 120)
 add_test(NAME init_from_names_do_not_fit
          COMMAND ${EXPECT} 2 "model.init_from does not fit .*missing \\(in the model, not in the files\\): embed_tokens.weight.*unexpected \\(in the files, not in the model\\): backbone" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/llama.pt run_dir=${FX}/init_bad

@@ -6,6 +6,9 @@
   HF_MODELS/llama_pretrained/   a Hugging Face directory as save_pretrained writes it (config.json,
                                 model-0000K-of-0000N.safetensors and model.safetensors.index.json,
                                 bf16), of the fixture's Llama config with other weights (seed 99);
+  HF_MODELS/mixtral_pretrained/ the same of the fixture's Mixtral: transformers saves its experts in
+                                the hub's layout (block_sparse_moe.experts.E.w1/w2/w3.weight, one
+                                tensor per expert), which the model holds stacked under mlp.experts;
   FIXTURE/llama_renamed.safetensors  the project's own Llama fixture (FIXTURE/llama.pt) with weights
                                 drawn anew, every name under "backbone." and one extra tensor
                                 (backbone.rotary.inv_freq) that a rename rule must drop.
@@ -23,18 +26,20 @@ def main():
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
     transformers.logging.set_verbosity_error()
-    extra = {"mfsdp/hf_config.json": ""}
-    torch.jit.load(os.path.join(hfx, "llama.pt"), _extra_files=extra)
-    keys = json.loads(extra["mfsdp/hf_config.json"])
-    family = keys.pop("model_type")
-    for k in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
-        keys.pop(k, None)
-    torch.manual_seed(99)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **keys), dtype=torch.float32)
-    out = os.path.join(hfx, "llama_pretrained")
-    model.to(torch.bfloat16).save_pretrained(out, max_shard_size="200KB")
-    shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
-    print(f"wrote {out}: {len(shards)} shards, bf16")
+    for fixture in ("llama", "mixtral"):
+        extra = {"mfsdp/hf_config.json": ""}
+        torch.jit.load(os.path.join(hfx, f"{fixture}.pt"), _extra_files=extra)
+        keys = json.loads(extra["mfsdp/hf_config.json"])
+        family = keys.pop("model_type")
+        for k in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
+            keys.pop(k, None)
+        torch.manual_seed(99)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **keys), dtype=torch.float32)
+        out = os.path.join(hfx, f"{fixture}_pretrained")
+        model.to(torch.bfloat16).save_pretrained(out, max_shard_size="200KB")
+        shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
+        index = json.load(open(os.path.join(out, "model.safetensors.index.json")))["weight_map"]
+        print(f"wrote {out}: {len(shards)} shards, bf16, {len(index)} tensors (e.g. {sorted(index)[len(index) // 2]})")
 
     own = torch.jit.load(os.path.join(fx, "llama.pt"))
     g = torch.Generator().manual_seed(5)

@@ -389,13 +389,20 @@ def load_init_from(cfg, model):
     import re
     from safetensors.torch import load_file
     src = cfg["model"]["init_from"]
-    if os.path.isdir(src):
+    if os.path.isdir(src) and os.path.exists(os.path.join(src, "config.json")) and not cfg["model"].get("init_from_rename"):
+        # A Hugging Face directory: read as transformers reads it (from_pretrained, with the family's
+        # own checkpoint conversions: per-expert tensors stacked, renamed modules), not as mfsdp does.
+        from transformers import AutoModelForCausalLM
+        tensors = dict(AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).named_parameters())
+        files = []
+    elif os.path.isdir(src):
         idx = os.path.join(src, "model.safetensors.index.json")
         files = sorted({os.path.join(src, f) for f in json.load(open(idx))["weight_map"].values()}) \
             if os.path.exists(idx) else [os.path.join(src, "model.safetensors")]
     else:
         files = [src]
-    tensors = {}
+    if files:
+        tensors = {}
     for f in files:
         for name, t in load_file(f).items():
             for rule in cfg["model"].get("init_from_rename") or []:
