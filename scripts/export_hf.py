@@ -170,8 +170,9 @@ def checkpoint_layout(model):
     save_pretrained): MoE experts saved one tensor per expert and projection
     (`mlp.experts.3.gate_proj.weight`) but held stacked (`mlp.experts.gate_up_proj`, [E, 2I, H]),
     and renamed modules (Mixtral's `block_sparse_moe` for `mlp`). Returns ({"renames": [[file regex,
-    model name]], "stacks": {parameter: [its pieces' names, in the order of their elements]}}, note)
-    for mfsdp's model.init_from (and the reverse for export --format hf), or (None, note) when the
+    model name]], "save_renames": [[model regex, file name]], "stacks": {parameter: [its pieces'
+    names, in the order of their elements]}}, note) for mfsdp's model.init_from, and export --format
+    hf, which writes the files save_pretrained writes; or (None, note) when the
     mapping uses an operation mfsdp does not mirror. Only stacking along a new first dimension and
     concatenating along the next (transformers' MergeModulelist(dim=0) + Concatenate(dim=1)) is
     mirrored: each piece is then one contiguous run of the parameter's elements."""
@@ -183,11 +184,18 @@ def checkpoint_layout(model):
         return None, f"transformers' checkpoint conversion mapping not read ({type(e).__name__}: {e})"
     if not transforms:
         return None, None
-    renames, converters = [], []
+    renames, save_renames, converters = [], [], []
     for t in transforms:
         src, dst = list(t._original_source_patterns), list(t._original_target_patterns)
         if type(t) is WeightRenaming and len(dst) == 1:
-            renames += [[pat, dst[0]] for pat in src]
+            for pat in src:
+                literal = pat.replace("\\.", ".")
+                if not re.fullmatch(r"[A-Za-z0-9_.]+", literal) or not re.fullmatch(r"[A-Za-z0-9_.]+", dst[0]):
+                    return None, (f"the HF checkpoint layout of {model.config.model_type} renames by the pattern {pat!r}, "
+                                  "which mfsdp does not mirror: model.init_from reads directories saved in the "
+                                  "model's own names only")
+                renames.append([pat, dst[0]])
+                save_renames.append([re.escape(dst[0]), literal])  # back to the files' names, for export
             continue
         ops = list(getattr(t, "operations", []))
         kinds = [(type(o), getattr(o, "dim", None)) for o in ops]
@@ -207,7 +215,7 @@ def checkpoint_layout(model):
                 stacks[name] = [prefix + pat.replace("*", str(e)) for e in range(p.shape[0]) for pat in src]
     if not stacks and not renames:
         return None, None
-    return ({"renames": renames, "stacks": stacks},
+    return ({"renames": renames, "save_renames": save_renames, "stacks": stacks},
             f"checkpoint layout from transformers' conversion mapping: {len(renames)} rename(s), {len(stacks)} "
             "stacked parameter(s) read from per-expert tensors by model.init_from")
 

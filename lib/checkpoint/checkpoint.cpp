@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "checkpoint/checkpoint_index.h"
+#include "checkpoint/init_from.h"
 #include "checkpoint/safetensors.h"
 #include "comm/communicator.h"
 #include "fsdp/engine.h"
@@ -987,17 +988,42 @@ void export_checkpoint_hf(const std::string& given, const std::string& out, cons
                     "--format safetensors --only-trainable writes the trainable weights of any model");
   if (!peft.is_null()) return export_peft(dir, index, out, path, hf, peft, dtype, max_shard_bytes, only_trainable);
 
-  // Every parameter under its name, from the pieces of every rank, one at a time.
+  // Every parameter under its name, from the pieces of every rank, one at a time; in the family's
+  // checkpoint layout (the names and per-expert tensors save_pretrained writes) where the exporter
+  // recorded one. A stacked parameter is read once for all its pieces (the last one read is kept).
   const bool tied = hf.value("tie_word_embeddings", false);
+  const HfCheckpointLayout layout =
+      hf_checkpoint_layout(torchscript_extra_file(path, "mfsdp/hf_export.json").value_or(""), path);
   auto reader = std::make_shared<PieceReader>(dir, index);
+  auto last = std::make_shared<std::pair<std::string, at::Tensor>>();
+  auto read_once = [reader, &index, last](const std::string& param, const std::vector<int64_t>& shape) {
+    if (last->first != param) {
+      last->second = at::Tensor();  // one parameter in memory at a time
+      last->second = read_full_param(*reader, index, "main", param).view(shape);
+      last->first = param;
+    }
+    return last->second;
+  };
   std::vector<HfEntry> entries;
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
     const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     const std::string param = it.key();
+    auto stack = layout.stacks.find(param);
+    if (stack != layout.stacks.end() && !shape.empty() && shape[0] > 0 &&
+        int64_t(stack->second.size()) % shape[0] == 0 && shape.size() >= 2 &&
+        shape[1] % (int64_t(stack->second.size()) / shape[0]) == 0) {
+      std::vector<int64_t> piece(shape.begin() + 1, shape.end());
+      piece[0] /= int64_t(stack->second.size()) / shape[0];
+      int64_t n = 1;
+      for (int64_t d : piece) n *= d;
+      for (size_t k = 0; k < stack->second.size(); ++k)
+        entries.push_back({layout.save_name(stack->second[k]), piece, [read_once, param, shape, piece, k, n] {
+                             return read_once(param, shape).reshape({-1}).narrow(0, int64_t(k) * n, n).view(piece);
+                           }});
+      continue;
+    }
     for (const auto& name : names_to_write(it, tied))
-      entries.push_back({name, shape, [reader, &index, param, shape] {
-                           return read_full_param(*reader, index, "main", param).view(shape);
-                         }});
+      entries.push_back({layout.save_name(name), shape, [read_once, param, shape] { return read_once(param, shape); }});
   }
   hf["torch_dtype"] = hf_dtype_name(dtype);
   hf["dtype"] = hf_dtype_name(dtype);

@@ -63,6 +63,25 @@ std::string list(const std::vector<std::string>& v, size_t most = 12) {
 
 }  // namespace
 
+HfCheckpointLayout hf_checkpoint_layout(const std::string& hf_export_json, const std::string& where) {
+  HfCheckpointLayout layout;
+  if (hf_export_json.empty()) return layout;
+  const auto j = nlohmann::json::parse(hf_export_json, nullptr, false);
+  if (!j.is_object() || !j.contains("checkpoint_layout") || !j["checkpoint_layout"].is_object()) return layout;
+  try {
+    const auto& l = j["checkpoint_layout"];
+    const nlohmann::json renames = l.value("renames", nlohmann::json::array());
+    const nlohmann::json save = l.value("save_renames", nlohmann::json::array());
+    const nlohmann::json stacked = l.value("stacks", nlohmann::json::object());  // held: items() views it
+    for (const auto& r : renames) layout.renames.emplace_back(std::regex(r.at(0).get<std::string>()), r.at(1).get<std::string>());
+    for (const auto& r : save) layout.save_renames.emplace_back(std::regex(r.at(0).get<std::string>()), r.at(1).get<std::string>());
+    for (const auto& [param, pieces] : stacked.items()) layout.stacks[param] = pieces.get<std::vector<std::string>>();
+  } catch (const std::exception& e) {
+    throw UserError(where + ": its mfsdp/hf_export.json checkpoint_layout is malformed: " + e.what());
+  }
+  return layout;
+}
+
 std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model, ParallelEngine& engine) {
   Communicator& world = pg.get(MeshGroup::kWorld);
   const std::string& src = cfg.model.init_from;
@@ -75,23 +94,10 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
     // experts.e.gate_proj.weight and experts.e.up_proj.weight, e = 0..E-1), each piece one
     // contiguous run of the parameter's elements, in order. The renames follow model.init_from_rename
     // (whose rules see the files' own names).
-    std::vector<std::pair<std::regex, std::string>> layout_renames, rules;
-    std::map<std::string, std::vector<std::string>> stacks;
-    if (!model.stored_hf_export().empty()) {
-      const auto j = nlohmann::json::parse(model.stored_hf_export(), nullptr, false);
-      if (j.is_object() && j.contains("checkpoint_layout") && j["checkpoint_layout"].is_object()) {
-        const auto& layout = j["checkpoint_layout"];
-        try {
-          const nlohmann::json renames = layout.value("renames", nlohmann::json::array());
-          const nlohmann::json stacked = layout.value("stacks", nlohmann::json::object());  // held: items() views it
-          for (const auto& r : renames)
-            layout_renames.emplace_back(std::regex(r.at(0).get<std::string>()), r.at(1).get<std::string>());
-          for (const auto& [param, pieces] : stacked.items()) stacks[param] = pieces.get<std::vector<std::string>>();
-        } catch (const std::exception& e) {
-          throw UserError(model.path() + ": its mfsdp/hf_export.json checkpoint_layout is malformed: " + e.what());
-        }
-      }
-    }
+    const HfCheckpointLayout layout = hf_checkpoint_layout(model.stored_hf_export(), model.path());
+    const auto& layout_renames = layout.renames;
+    const auto& stacks = layout.stacks;
+    std::vector<std::pair<std::regex, std::string>> rules;
     for (const auto& r : cfg.model.init_from_rename) {
       auto eq = r.find('=');
       rules.emplace_back(std::regex(r.substr(0, eq)), r.substr(eq + 1));

@@ -1,6 +1,10 @@
 // model.init_from: initial weights from safetensors, each rank reading only its own slots.
 #pragma once
+#include <map>
+#include <regex>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mfsdp {
 
@@ -17,5 +21,22 @@ class ProcessGroups;
 // and mis-shaped tensors are one UserError listing them all, raised on every rank. Returns a line
 // for the log.
 std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model, ParallelEngine& engine);
+
+// A family's Hugging Face checkpoint layout where it differs from the model's names, as
+// scripts/export_hf.py read it from transformers' conversion mapping (its mfsdp/hf_export.json
+// "checkpoint_layout"): renames from the files' names to the model's, their reverse for writing,
+// and parameters stacked from pieces (MoE experts: [E, K*r, ...] from E x K tensors of [r, ...],
+// each piece one contiguous run of the parameter's elements, in order; pieces named as the model
+// names them, before save_renames).
+struct HfCheckpointLayout {
+  std::vector<std::pair<std::regex, std::string>> renames, save_renames;
+  std::map<std::string, std::vector<std::string>> stacks;
+  std::string save_name(std::string model_name) const {
+    for (const auto& [re, to] : save_renames) model_name = std::regex_replace(model_name, re, to);
+    return model_name;
+  }
+};
+// From an hf_export.json text ("" or no layout: an empty one); `where` names the file for errors.
+HfCheckpointLayout hf_checkpoint_layout(const std::string& hf_export_json, const std::string& where);
 
 }  // namespace mfsdp
