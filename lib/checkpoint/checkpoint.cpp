@@ -387,6 +387,23 @@ TrainerState CheckpointManager::load(const std::string& dir) {
         gen.set_state(f.get("rng/cuda").clone());
       }
     }
+    // Buffers a model.init_from set when the run began (saved by rank 0): the checkpoint wins over
+    // the file's values, as for the weights.
+    const std::string first = "rank_00000.safetensors";
+    if (index["files"].contains(first)) {
+      SafetensorsFile& f = reader.file(first);
+      std::vector<std::string> restored;
+      for (const auto& b : model_.module().named_buffers(/*recurse=*/true))
+        if (f.has("buffer/" + b.name)) {
+          at::Tensor saved = f.get("buffer/" + b.name);
+          if (saved.sizes() != b.value.sizes())
+            throw UserError(fmt::format("{}: buffer {} has shape [{}] in the checkpoint, [{}] in the model", dir, b.name,
+                                        fmt::join(saved.sizes(), ", "), fmt::join(b.value.sizes(), ", ")));
+          b.value.copy_(saved);
+          restored.push_back(b.name);
+        }
+      model_.loaded_buffers() = restored;
+    }
     st.step = index["trainer"].at("step").get<int64_t>();
     st.consumed_samples = index["trainer"].at("consumed_samples").get<int64_t>();
   } catch (const UserError& e) {
@@ -461,6 +478,11 @@ void CheckpointManager::save(const TrainerState& state) {
     }
   }
   tensors.emplace_back("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+  // Buffers model.init_from set (identical on every rank): in rank 0's file.
+  if (world.rank() == 0 && !model_.loaded_buffers().empty())
+    for (const auto& b : model_.module().named_buffers(/*recurse=*/true))
+      if (std::find(model_.loaded_buffers().begin(), model_.loaded_buffers().end(), b.name) != model_.loaded_buffers().end())
+        tensors.emplace_back("buffer/" + b.name, b.value.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
   // A GPU run's dropout draws from the device's generator: saved too, restored when the layout
   // (and the device type) match; a CPU run resuming a GPU checkpoint ignores it, and back.
   if (model_.device().is_cuda())
@@ -669,6 +691,13 @@ void export_checkpoint(const std::string& given, const std::string& out, const s
     at::NoGradGuard ng;
     std::map<std::string, at::Tensor> by_name(unique.begin(), unique.end());
     for (auto& p : model.params()) p.tensor.copy_(by_name.at(p.name).to(p.tensor.scalar_type()));
+    // Buffers model.init_from set (rank 0's file): the trained model computes with them.
+    const std::string first = "rank_00000.safetensors";
+    if (index["files"].contains(first)) {
+      SafetensorsFile& f = reader.file(first);
+      for (const auto& b : model.module().named_buffers(/*recurse=*/true))
+        if (f.has("buffer/" + b.name)) b.value.copy_(f.get("buffer/" + b.name));
+    }
     const std::string tmp = out + ".tmp";
     model.module().save(tmp);
     if (std::rename(tmp.c_str(), out.c_str()) != 0) throw UserError(out + ": cannot write: " + std::strerror(errno));
@@ -1024,6 +1053,17 @@ void export_checkpoint_hf(const std::string& given, const std::string& out, cons
     }
     for (const auto& name : names_to_write(it, tied))
       entries.push_back({layout.save_name(name), shape, [read_once, param, shape] { return read_once(param, shape); }});
+  }
+  // Persistent buffers model.init_from loaded (DeepSeek V3's e_score_correction_bias), as saved by
+  // rank 0: save_pretrained writes them too.
+  const std::string first = dir + "/rank_00000.safetensors";
+  if (fs::exists(first)) {
+    auto f = std::make_shared<SafetensorsFile>(first);
+    for (const auto& key : f->names())
+      if (key.rfind("buffer/", 0) == 0) {
+        const std::string name = key.substr(7);
+        entries.push_back({layout.save_name(name), f->get(key).sizes().vec(), [f, key] { return f->get(key); }});
+      }
   }
   hf["torch_dtype"] = hf_dtype_name(dtype);
   hf["dtype"] = hf_dtype_name(dtype);

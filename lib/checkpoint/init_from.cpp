@@ -202,6 +202,25 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
           missing.push_back(p.name);
       }
     }
+    // Persistent buffers the files hold (DeepSeek V3's router e_score_correction_bias: it decides
+    // which experts a token goes to, and save_pretrained writes it): loaded whole on every rank.
+    std::vector<std::pair<at::Tensor, const Source*>> buffers;
+    std::vector<std::string> buffer_names;
+    for (const auto& b : model.module().named_buffers(/*recurse=*/true)) {
+      std::string n = b.name;
+      auto it = by_name.find(n);
+      if (it == by_name.end() && peft) it = by_name.find(n = peft_to_hf_name(b.name));
+      if (it == by_name.end() || used.count(n)) continue;
+      used.insert(n);
+      const auto shape = it->second.file->get(it->second.name).sizes().vec();
+      if (shape != b.value.sizes().vec())
+        misshaped.push_back(fmt::format("{} [{}] in the file, [{}] in the model (a buffer)", n, fmt::join(shape, ", "),
+                                        fmt::join(b.value.sizes(), ", ")));
+      else {
+        buffers.emplace_back(b.value, &it->second);
+        buffer_names.push_back(b.name);
+      }
+    }
     std::vector<std::string> unexpected;
     for (const auto& [n, s] : by_name)
       if (!used.count(n)) unexpected.push_back(n == s.name ? n : n + " (from " + s.name + ")");
@@ -246,6 +265,11 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
       // is this rank's shards plus every page of the files it touched.
       for (const Source* s : sources) s->file->release(s->name);
     }
+    for (auto& [buffer, s] : buffers) {
+      buffer.copy_(s->file->get(s->name));
+      s->file->release(s->name);
+    }
+    model.loaded_buffers() = buffer_names;
     std::string types;
     for (const auto& [t, _] : dtypes) types += (types.empty() ? "" : "/") + t;
     summary = fmt::format("initial weights from {}: {} tensors in {} file(s) ({}), this rank read {} elements of its "
@@ -255,6 +279,8 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
               (stacked ? fmt::format("; {} parameter(s) stacked from per-expert tensors (the family's HF layout)",
                                      stacked)
                        : "") +
+              (buffers.empty() ? "" : fmt::format("; {} buffer(s) ({}{})", buffers.size(), buffer_names.front(),
+                                                  buffers.size() > 1 ? ", ..." : "")) +
               (kept_adapters ? fmt::format("; {} LoRA adapter tensors not in the files kept as exported", kept_adapters)
                              : "");
   } catch (const UserError& e) {

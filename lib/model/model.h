@@ -71,6 +71,11 @@ class Model {
   // What scripts/export_hf.py recorded of a Hugging Face export (extra file "mfsdp/hf_export.json":
   // family, class, attention implementation, attention_window), or "" for other models.
   const std::string& stored_hf_export() const { return stored_hf_export_; }
+  // Buffers whose values came from model.init_from (a checkpoint's persistent buffers, such as
+  // DeepSeek V3's router e_score_correction_bias) rather than from the file: checkpoints save them
+  // (rank 0's file, "buffer/NAME"), a resume restores them, export --format hf writes them.
+  std::vector<std::string>& loaded_buffers() { return loaded_buffers_; }
+  const std::vector<std::string>& loaded_buffers() const { return loaded_buffers_; }
   // Applies model.trainable / model.frozen (and the stored list when model.trainable is not set):
   // frozen parameters stop requiring gradients. Call after every step that replaces parameter
   // tensors (cast, tensor parallelism), before the engine is built. Throws a ConfigError for a glob
@@ -123,6 +128,7 @@ class Model {
   std::string stored_tp_plan_;
   std::string stored_trainable_;
   std::string stored_hf_export_;
+  std::vector<std::string> loaded_buffers_;
 };
 
 // PEFT's names in a model file (export_hf.py wraps the transformers model in a PeftModel):

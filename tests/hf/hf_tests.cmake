@@ -429,8 +429,37 @@ mfsdp_hf_run(hf_mixtral_init_meta_s3_n2 2 mixtral distributed.zero_dp_strategy=3
 set_tests_properties(run_hf_llama_init_tp2_s3_n4 run_hf_llama_init_meta_tp2_s3_n4 run_llama_init_meta_s3_n2
                      run_hf_mixtral_init_tp2_s3_n4 run_hf_mixtral_init_meta_s3_n2 PROPERTIES
                      FIXTURES_REQUIRED "train;hf_models;hf_init_weights")
+# DeepSeek V3's directory: per-expert tensors and the routers' e_score_correction_bias buffers
+# (which pick the experts; loaded whole on every rank), TP 2 + SP; checkpointed (rank 0 saves the
+# buffers), resumed at another layout, and exported: the buffers come back, and the export holds
+# what save_pretrained writes with mfsdp's logits (check_hf_export).
+mfsdp_hf_run(hf_deepseek_v3_init_tp2_sp_s3_n4 4 deepseek_v3 distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3 model.init_from=${HFX}/deepseek_v3_pretrained
+             checkpoint.dir=${FX}/hf_deepseek_v3_init_tp2_sp_s3_n4/ckpt checkpoint.save_every=10 checkpoint.resume=none)
+mfsdp_hf_run(hf_deepseek_v3_init_resume_s1_n2 2 deepseek_v3 distributed.zero_dp_strategy=1
+             model.init_from=${HFX}/deepseek_v3_pretrained training.max_steps=20
+             checkpoint.dir=${FX}/hf_deepseek_v3_init_resume_s1_n2/ckpt checkpoint.resume=auto
+             checkpoint.save_every=100)
+set_tests_properties(run_hf_deepseek_v3_init_tp2_sp_s3_n4 run_hf_deepseek_v3_init_resume_s1_n2 PROPERTIES
+                     FIXTURES_REQUIRED "train;hf_models;hf_init_weights")
+add_test(NAME hf_deepseek_v3_resume_copy
+         COMMAND ${CMAKE_COMMAND} -E copy_directory ${FX}/hf_deepseek_v3_init_tp2_sp_s3_n4/ckpt/step_00000010
+                 ${FX}/hf_deepseek_v3_init_resume_s1_n2/ckpt/step_00000010)
+set_tests_properties(hf_deepseek_v3_resume_copy PROPERTIES FIXTURES_REQUIRED runs_hf_deepseek_v3_init_tp2_sp_s3_n4
+                     FIXTURES_SETUP hf_deepseek_v3_resume_copy)
+set_tests_properties(run_hf_deepseek_v3_init_resume_s1_n2 PROPERTIES FIXTURES_REQUIRED
+                     "train;hf_models;hf_init_weights;hf_deepseek_v3_resume_copy")
+add_test(NAME hf_export_deepseek_v3_init
+         COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_deepseek_v3_init_tp2_sp_s3_n4/ckpt
+                 --work ${FX}/hf_export_deepseek_v3_init)
+set_tests_properties(hf_export_deepseek_v3_init PROPERTIES FIXTURES_REQUIRED runs_hf_deepseek_v3_init_tp2_sp_s3_n4 TIMEOUT 300)
+add_test(NAME hf_deepseek_v3_resumed_equals_uninterrupted
+         COMMAND ${MFSDP_PYTHON} ${CMP} ${FX}/hf_deepseek_v3_init_tp2_sp_s3_n4 ${FX}/hf_deepseek_v3_init_resume_s1_n2
+                 --after 10 --rtol 1e-5)
+set_tests_properties(hf_deepseek_v3_resumed_equals_uninterrupted PROPERTIES FIXTURES_REQUIRED
+                     "runs_hf_deepseek_v3_init_tp2_sp_s3_n4;runs_hf_deepseek_v3_init_resume_s1_n2")
 mfsdp_oracle(init_from RUNS hf_llama_init_tp2_s3_n4 hf_llama_init_meta_tp2_s3_n4 llama_init_meta_s3_n2
-             hf_mixtral_init_tp2_s3_n4 hf_mixtral_init_meta_s3_n2)
+             hf_mixtral_init_tp2_s3_n4 hf_mixtral_init_meta_s3_n2 hf_deepseek_v3_init_tp2_sp_s3_n4)
 # A piece of a stacked parameter missing from the directory: named with the parameter.
 add_test(NAME init_from_stack_piece_missing
          COMMAND ${EXPECT} 2 "missing \\(in the model, not in the files\\): model.layers.1.mlp.experts.down_proj \\(the pieces model.layers.1.mlp.experts.3.w2.weight\\)" --

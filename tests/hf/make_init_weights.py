@@ -9,6 +9,8 @@
   HF_MODELS/mixtral_pretrained/ the same of the fixture's Mixtral: transformers saves its experts in
                                 the hub's layout (block_sparse_moe.experts.E.w1/w2/w3.weight, one
                                 tensor per expert), which the model holds stacked under mlp.experts;
+  HF_MODELS/deepseek_v3_pretrained/ the same of the fixture's DeepSeek V3, its routers'
+                                e_score_correction_bias buffers (saved too) drawn from N(0, 1);
   FIXTURE/llama_renamed.safetensors  the project's own Llama fixture (FIXTURE/llama.pt) with weights
                                 drawn anew, every name under "backbone." and one extra tensor
                                 (backbone.rotary.inv_freq) that a rename rule must drop.
@@ -26,7 +28,7 @@ def main():
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
     transformers.logging.set_verbosity_error()
-    for fixture in ("llama", "mixtral"):
+    for fixture in ("llama", "mixtral", "deepseek_v3"):
         extra = {"mfsdp/hf_config.json": ""}
         torch.jit.load(os.path.join(hfx, f"{fixture}.pt"), _extra_files=extra)
         keys = json.loads(extra["mfsdp/hf_config.json"])
@@ -35,6 +37,10 @@ def main():
             keys.pop(k, None)
         torch.manual_seed(99)
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **keys), dtype=torch.float32)
+        with torch.no_grad():  # DeepSeek V3's router bias: a buffer save_pretrained writes, moved off its zeros
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.normal_(0, 1.0)
         out = os.path.join(hfx, f"{fixture}_pretrained")
         model.to(torch.bfloat16).save_pretrained(out, max_shard_size="200KB")
         shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]

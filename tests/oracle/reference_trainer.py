@@ -393,7 +393,15 @@ def load_init_from(cfg, model):
         # A Hugging Face directory: read as transformers reads it (from_pretrained, with the family's
         # own checkpoint conversions: per-expert tensors stacked, renamed modules), not as mfsdp does.
         from transformers import AutoModelForCausalLM
-        tensors = dict(AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).named_parameters())
+        loaded = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+        tensors = dict(loaded.named_parameters())
+        # Its persistent buffers (DeepSeek V3's router e_score_correction_bias), which mfsdp loads too.
+        with torch.no_grad():
+            theirs = dict(loaded.named_buffers())
+            for name, b in model.named_buffers():
+                key = name.removeprefix("base_model.model.") if hasattr(model, "peft_config") else name
+                if key in theirs and key in loaded.state_dict():
+                    b.copy_(theirs[key].to(b.dtype))
         files = []
     elif os.path.isdir(src):
         idx = os.path.join(src, "model.safetensors.index.json")
