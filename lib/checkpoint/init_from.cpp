@@ -4,9 +4,9 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -89,11 +89,10 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
   try {
     // The family's HF checkpoint layout, as the exporter read it from transformers' conversion
     // mapping (scripts/export_hf.py checkpoint_layout): module renames from the files' names to the
-    // model's (Mixtral's block_sparse_moe -> mlp), applied before model.init_from_rename, and
-    // parameters stacked from per-expert tensors (experts.gate_up_proj [E, 2I, H] from
-    // experts.e.gate_proj.weight and experts.e.up_proj.weight, e = 0..E-1), each piece one
-    // contiguous run of the parameter's elements, in order. The renames follow model.init_from_rename
-    // (whose rules see the files' own names).
+    // model's (Mixtral's block_sparse_moe -> mlp), applied after model.init_from_rename (whose
+    // rules see the files' own names), and parameters stacked from per-expert tensors
+    // (experts.gate_up_proj [E, 2I, H] from experts.e.gate_proj.weight and experts.e.up_proj.weight,
+    // e = 0..E-1), each piece one contiguous run of the parameter's elements, in order.
     const HfCheckpointLayout layout = hf_checkpoint_layout(model.stored_hf_export(), model.path());
     const auto& layout_renames = layout.renames;
     const auto& stacks = layout.stacks;
@@ -162,7 +161,8 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
           misshaped.push_back(fmt::format("{} [{}] in the file, [{}] in the model", n, fmt::join(shape, ", "),
                                           fmt::join(p.global_shape(), ", ")));
       }
-      for (size_t k = 0; k < names.size() && of_param[i].empty(); ++k) {
+      bool pieces_missing = false;  // some pieces of a stacked parameter are there, not all
+      for (size_t k = 0; k < names.size() && of_param[i].empty() && !pieces_missing; ++k) {
         auto st = stacks.find(names[k]);
         if (st == stacks.end()) continue;
         // Every piece must be there, of the shape of one row-block of the parameter: [E, K*r, ...]
@@ -188,18 +188,17 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
                                             fmt::join(whole, ", ")));
         }
         if (absent.size() == st->second.size()) continue;  // stored whole under another name, or missing
-        if (!absent.empty())
+        if (!absent.empty()) {
           missing.push_back(fmt::format("{} (the pieces {})", p.name, list(absent, 4)));
-        else {
+          pieces_missing = true;
+        } else {
           of_param[i] = pieces;
           ++stacked;
         }
       }
-      if (of_param[i].empty()) {
+      if (of_param[i].empty() && !pieces_missing) {
         if (peft && is_lora_param(p.name)) ++kept_adapters;
-        else if (std::find_if(missing.begin(), missing.end(),
-                              [&](const std::string& m) { return m.rfind(p.name + " ", 0) == 0; }) == missing.end())
-          missing.push_back(p.name);
+        else missing.push_back(p.name);
       }
     }
     // Persistent buffers the files hold (DeepSeek V3's router e_score_correction_bias: it decides
