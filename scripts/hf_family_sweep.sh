@@ -8,6 +8,11 @@
 #   scripts/hf_family_sweep.sh [FAMILY...]      # default: all below; results under $SWEEP (/tmp/hf_sweep)
 #   scripts/hf_family_sweep.sh --real [NAME...] # shrunk copies of real models' config.json files
 #                                               # (scripts/hf_real_configs.py), exported with --model-dir
+# With SWEEP_IO=1 each family also goes in and out as Hugging Face files: a save_pretrained
+# directory of other weights (bf16 shards) read by model.init_from (TP 2 + SP, strategy 3, 4 ranks;
+# judged against PyTorch with the weights from_pretrained reads), and `export --format hf` of that
+# run's checkpoint (tests/hf/check_hf_export.py: from_pretrained loads it with mfsdp's logits and
+# the names save_pretrained writes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${MFSDP_PYTHON:-.venv/bin/python}
@@ -74,6 +79,37 @@ for f in "${families[@]}"; do
     train "${f}_tp2_sp_s3_n4" 4 distributed.tp_size=2 distributed.sequence_parallel=true distributed.zero_dp_strategy=3
   fi
   train "${f}_cp2_s2_n2" 2 distributed.cp_size=2 distributed.zero_dp_strategy=2
+  if [ "${SWEEP_IO:-0}" = 1 ]; then
+    "$PY" - "$OUT/models/$f.pt" "$OUT/models/${f}_pretrained" <<'PY' > "$OUT/models/${f}_pretrained.log" 2>&1 || { echo "${f}: save_pretrained failed: $(tail -1 "$OUT/models/${f}_pretrained.log")"; continue; }
+import json, sys, torch
+sys.path.insert(0, "scripts")
+import mfsdp_ops  # noqa: F401  (files with mfsdp::attention)
+from transformers import AutoConfig, AutoModelForCausalLM
+extra = {"mfsdp/hf_config.json": ""}
+torch.jit.load(sys.argv[1], _extra_files=extra)
+keys = json.loads(extra["mfsdp/hf_config.json"])
+family = keys.pop("model_type")
+for k in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
+    keys.pop(k, None)
+torch.manual_seed(99)
+model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **keys), dtype=torch.float32)
+model.to(torch.bfloat16).save_pretrained(sys.argv[2], max_shard_size="100KB")
+PY
+    tp_io=()  # the widest layout that trained above: TP 2 + SP, else TP 2, else none
+    if [ -f "$OUT/runs/${f}_tp2_sp_s3_n4/metrics.jsonl" ]; then tp_io=(distributed.tp_size=2 distributed.sequence_parallel=true)
+    elif [ -f "$OUT/runs/${f}_tp2_s1_n2/metrics.jsonl" ]; then tp_io=(distributed.tp_size=2); fi
+    rm -rf "$OUT/runs/${f}_io_ckpt"
+    train "${f}_init_s3_n4" 4 distributed.zero_dp_strategy=3 "${tp_io[@]}" model.init_from="$OUT/models/${f}_pretrained" \
+      checkpoint.dir="$OUT/runs/${f}_io_ckpt" checkpoint.save_final=true checkpoint.resume=none
+    if [ -d "$OUT/runs/${f}_io_ckpt" ]; then
+      if "$PY" tests/hf/check_hf_export.py --mfsdp build/bin/mfsdp --checkpoint "$OUT/runs/${f}_io_ckpt" \
+           --work "$OUT/runs/${f}_export" > "$OUT/runs/${f}_export.log" 2>&1; then
+        echo "${f}: export --format hf: $(grep -c '^ok' "$OUT/runs/${f}_export.log") checks passed"
+      else
+        echo "${f}: export --format hf FAILED: $(grep -m2 FAIL "$OUT/runs/${f}_export.log" | tr '\n' ' ' | cut -c1-300)"
+      fi
+    fi
+  fi
 done
 [ ${#runs[@]} -gt 0 ] || { echo "hf_family_sweep: no run trained" >&2; exit 1; }
 "$PY" tests/oracle/reference_trainer.py --runs "${runs[@]}"

@@ -41,6 +41,29 @@ CONFIGS = {
  "ernie4_5": dict(architectures=["Ernie4_5ForCausalLM"], model_type="ernie4_5", head_dim=16, use_bias=False, tie_word_embeddings=True),
  "granite": dict(architectures=["GraniteForCausalLM"], model_type="granite", embedding_multiplier=12.0, logits_scaling=8.0, residual_multiplier=0.22, attention_multiplier=0.0078125, tie_word_embeddings=True),
 }
+# More of the keys real configs set: biases everywhere (Llama with attention_bias and mlp_bias, as
+# some fine-tunes ship), dynamic NTK rope scaling, Phi-4-mini's partial rotary factor (0.75), a
+# Qwen2 with its sliding window on and longer than the sequence (max_window_layers 1: layer 1
+# windowed), Mistral-Nemo's explicit head_dim (128 for 5120; here 32 for 64, 2 heads' worth wider
+# than hidden / heads), and Cohere 2 (Command R7B: logit scale, sliding layers with a window).
+CONFIGS |= {
+    "llama_bias": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": True,
+                   "mlp_bias": True, "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "llama_dynamic": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rope_theta": 10000.0,
+                      "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 2048},
+    "phi4_mini": {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "num_key_value_heads": 2,
+                  "partial_rotary_factor": 0.75, "rope_theta": 10000.0, "tie_word_embeddings": True,
+                  "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+                  "rope_scaling": {"type": "longrope", "long_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 4.0],
+                                   "short_factor": [1.0, 1.0, 1.0, 1.0, 1.1, 1.2]}, "pad_token_id": 0},
+    "qwen2_window": {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": True,
+                     "sliding_window": 4096, "max_window_layers": 1, "tie_word_embeddings": False},
+    "mistral_nemo": {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "head_dim": 32,
+                     "sliding_window": None, "rope_theta": 1000000.0},
+    "cohere2": {"architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "logit_scale": 0.25,
+                "sliding_window": 4096, "layer_types": ["sliding_attention", "full_attention"], "use_qk_norm": False,
+                "rope_theta": 50000.0},
+}
 CONFIGS["deepseek_v2"] = {**CONFIGS["deepseek_v3"], "architectures": ["DeepseekV2ForCausalLM"],
                           "model_type": "deepseek_v2", "topk_method": "greedy"}
 del CONFIGS["deepseek_v2"]["n_group"], CONFIGS["deepseek_v2"]["topk_group"]
