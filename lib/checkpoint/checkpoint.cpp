@@ -813,6 +813,31 @@ std::vector<std::string> names_to_write(const json::const_iterator& it, bool tie
   return names;
 }
 
+// One parameter's entries in the family's checkpoint layout: a stacked parameter (MoE experts) as
+// its per-expert pieces, read once for all of them (the last parameter read is kept), under the
+// names save_pretrained writes; any other under its renamed name.
+void add_in_layout(std::vector<HfEntry>& entries, const HfCheckpointLayout& layout, const std::string& name,
+                   const std::vector<int64_t>& shape, const std::function<at::Tensor()>& read) {
+  auto stack = layout.stacks.find(name);
+  const int64_t count = stack == layout.stacks.end() ? 0 : int64_t(stack->second.size());
+  if (count == 0 || shape.size() < 2 || shape[0] <= 0 || count % shape[0] != 0 || shape[1] % (count / shape[0]) != 0) {
+    entries.push_back({layout.save_name(name), shape, read});
+    return;
+  }
+  auto once = std::make_shared<at::Tensor>();
+  std::vector<int64_t> piece(shape.begin() + 1, shape.end());
+  piece[0] /= count / shape[0];
+  int64_t n = 1;
+  for (int64_t d : piece) n *= d;
+  for (int64_t k = 0; k < count; ++k)
+    entries.push_back({layout.save_name(stack->second[size_t(k)]), piece, [once, read, shape, piece, k, n, count] {
+                         if (k == 0 || !once->defined()) *once = read().reshape({-1});
+                         at::Tensor part = once->narrow(0, k * n, n).view(piece);  // holds the storage
+                         if (k == count - 1) *once = at::Tensor();  // one parameter in memory at a time
+                         return part;
+                       }});
+}
+
 // PEFT's modules_to_save wrap a module twice: X.original_module (frozen, the base model's) and
 // X.modules_to_save.ADAPTER (trained). For the latter: its name without ".modules_to_save.ADAPTER"
 // (PEFT's adapter files and the transformers model both call it X.weight); "" for other names.
@@ -937,6 +962,8 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
   }
   const bool fan_in_fan_out = peft.value("fan_in_fan_out", false);
   const bool tied = hf.value("tie_word_embeddings", false);
+  const HfCheckpointLayout layout =
+      hf_checkpoint_layout(torchscript_extra_file(path, "mfsdp/hf_export.json").value_or(""), path);
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
     if (!lora_part(it.key(), nullptr).first.empty() || !dora_magnitude_module(it.key()).empty()) continue;
     const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
@@ -963,7 +990,8 @@ void export_peft(const std::string& dir, const json& index, const std::string& o
     for (const auto& name : names_to_write(it, tied)) {
       if (is_original_module(name)) continue;  // modules_to_save: the trained copy is written
       const std::string saved = saved_module_name(name);
-      entries.push_back({peft_to_hf_name(saved.empty() ? name : saved), shape, read});
+      const std::string hf_name = peft_to_hf_name(saved.empty() ? name : saved);
+      add_in_layout(entries, layout, hf_name, shape, read);
     }
   }
   double lo = std::numeric_limits<double>::max(), hi = 0;
@@ -1019,40 +1047,19 @@ void export_checkpoint_hf(const std::string& given, const std::string& out, cons
 
   // Every parameter under its name, from the pieces of every rank, one at a time; in the family's
   // checkpoint layout (the names and per-expert tensors save_pretrained writes) where the exporter
-  // recorded one. A stacked parameter is read once for all its pieces (the last one read is kept).
+  // recorded one.
   const bool tied = hf.value("tie_word_embeddings", false);
   const HfCheckpointLayout layout =
       hf_checkpoint_layout(torchscript_extra_file(path, "mfsdp/hf_export.json").value_or(""), path);
   auto reader = std::make_shared<PieceReader>(dir, index);
-  auto last = std::make_shared<std::pair<std::string, at::Tensor>>();
-  auto read_once = [reader, &index, last](const std::string& param, const std::vector<int64_t>& shape) {
-    if (last->first != param) {
-      last->second = at::Tensor();  // one parameter in memory at a time
-      last->second = read_full_param(*reader, index, "main", param).view(shape);
-      last->first = param;
-    }
-    return last->second;
-  };
   std::vector<HfEntry> entries;
   for (auto it = index["params"].begin(); it != index["params"].end(); ++it) {
     const auto shape = it.value()["shape"].get<std::vector<int64_t>>();
     const std::string param = it.key();
-    auto stack = layout.stacks.find(param);
-    if (stack != layout.stacks.end() && !shape.empty() && shape[0] > 0 &&
-        int64_t(stack->second.size()) % shape[0] == 0 && shape.size() >= 2 &&
-        shape[1] % (int64_t(stack->second.size()) / shape[0]) == 0) {
-      std::vector<int64_t> piece(shape.begin() + 1, shape.end());
-      piece[0] /= int64_t(stack->second.size()) / shape[0];
-      int64_t n = 1;
-      for (int64_t d : piece) n *= d;
-      for (size_t k = 0; k < stack->second.size(); ++k)
-        entries.push_back({layout.save_name(stack->second[k]), piece, [read_once, param, shape, piece, k, n] {
-                             return read_once(param, shape).reshape({-1}).narrow(0, int64_t(k) * n, n).view(piece);
-                           }});
-      continue;
-    }
     for (const auto& name : names_to_write(it, tied))
-      entries.push_back({layout.save_name(name), shape, [read_once, param, shape] { return read_once(param, shape); }});
+      add_in_layout(entries, layout, name, shape, [reader, &index, param, shape] {
+        return read_full_param(*reader, index, "main", param).view(shape);
+      });
   }
   // Persistent buffers model.init_from loaded (DeepSeek V3's e_score_correction_bias), as saved by
   // rank 0: save_pretrained writes them too.

@@ -93,23 +93,23 @@ def main():
     tol = 1e-5 if not a.dtype or a.dtype in ("float32", "fp32") else 2e-2
     check(f"logits of the exported directory equal mfsdp's trained model's (max relative {rel:.2e}, tolerance {tol:g})",
           rel <= tol)
-    if not a.lora:
-        # The names save_pretrained writes for this model (the family's checkpoint layout: Mixtral's
-        # per-expert block_sparse_moe tensors, not the stacked mlp.experts the model holds).
-        import tempfile
-        from safetensors import safe_open
-        mine_names = set()
-        for s in shards:
+    # The names save_pretrained writes for this model (a LoRA model's merged export too): the
+    # family's checkpoint layout (Mixtral's per-expert block_sparse_moe tensors, not the stacked
+    # mlp.experts the model holds).
+    import tempfile
+    from safetensors import safe_open
+    mine_names = set()
+    for s in shards:
+        with safe_open(s, "pt") as f:
+            mine_names |= set(f.keys())
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        theirs = set()
+        for s in glob.glob(os.path.join(tmp, "*.safetensors")):
             with safe_open(s, "pt") as f:
-                mine_names |= set(f.keys())
-        with tempfile.TemporaryDirectory() as tmp:
-            model.save_pretrained(tmp)
-            theirs = set()
-            for s in glob.glob(os.path.join(tmp, "*.safetensors")):
-                with safe_open(s, "pt") as f:
-                    theirs |= set(f.keys())
-        check(f"the tensors are those save_pretrained writes ({len(theirs)})", mine_names == theirs,
-              f"only mfsdp's: {sorted(mine_names - theirs)[:3]}, only save_pretrained's: {sorted(theirs - mine_names)[:3]}")
+                theirs |= set(f.keys())
+    check(f"the tensors are those save_pretrained writes ({len(theirs)})", mine_names == theirs,
+          f"only mfsdp's: {sorted(mine_names - theirs)[:3]}, only save_pretrained's: {sorted(theirs - mine_names)[:3]}")
     cfg = json.load(open(os.path.join(out, "config.json")))
     check("config.json records the checkpoint and step", "mfsdp" in cfg and "step" in cfg["mfsdp"], str(cfg.get("mfsdp")))
     if a.lora:

@@ -207,7 +207,7 @@ add_test(NAME hf_dora_tp_refused
                  "distributed.tp_plan={'*.q_proj.base_layer': colwise}")
 set_tests_properties(hf_dora_tp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2 TIMEOUT 120)
 # export: the merged model for transformers, and --only-trainable PEFT's adapter directory for peft.
-foreach(m qwen2_lora gpt2_lora llama_lora llama_dora)
+foreach(m qwen2_lora gpt2_lora llama_lora llama_dora mixtral_lora)
   mfsdp_hf_run(hf_${m}_ckpt_s3_n2 2 ${m} distributed.zero_dp_strategy=3 training.max_steps=6
                checkpoint.dir=${FX}/hf_${m}_ckpt_s3_n2/ckpt checkpoint.save_final=true checkpoint.resume=none)
   add_test(NAME hf_export_${m}

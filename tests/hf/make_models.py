@@ -78,6 +78,9 @@ MODELS |= {
     "qwen2_lora": MODELS["qwen2"] + ["--lora-r", "8", "--lora-alpha", "16", "--lora-targets", "q_proj", "k_proj", "v_proj",
                                      "o_proj", "gate_proj", "up_proj", "down_proj"],
     "gpt2_lora": MODELS["gpt2"] + ["--lora-r", "4", "--lora-alpha", "16"],
+    # LoRA on an MoE model (q_proj and v_proj adapted): its merged export writes the
+    # experts as save_pretrained does (per expert, under block_sparse_moe).
+    "mixtral_lora": MODELS["mixtral"] + ["--lora-r", "4", "--lora-alpha", "8", "--lora-targets", "q_proj", "v_proj"],
     # DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted layer.
     "llama_dora": MODELS["llama"] + ["--lora-r", "4", "--lora-alpha", "8", "--lora-dora", "--lora-targets", "q_proj",
                                      "v_proj", "o_proj"],
