@@ -80,21 +80,9 @@ for f in "${families[@]}"; do
   fi
   train "${f}_cp2_s2_n2" 2 distributed.cp_size=2 distributed.zero_dp_strategy=2
   if [ "${SWEEP_IO:-0}" = 1 ]; then
-    "$PY" - "$OUT/models/$f.pt" "$OUT/models/${f}_pretrained" <<'PY' > "$OUT/models/${f}_pretrained.log" 2>&1 || { echo "${f}: save_pretrained failed: $(tail -1 "$OUT/models/${f}_pretrained.log")"; continue; }
-import json, sys, torch
-sys.path.insert(0, "scripts")
-import mfsdp_ops  # noqa: F401  (files with mfsdp::attention)
-from transformers import AutoConfig, AutoModelForCausalLM
-extra = {"mfsdp/hf_config.json": ""}
-torch.jit.load(sys.argv[1], _extra_files=extra)
-keys = json.loads(extra["mfsdp/hf_config.json"])
-family = keys.pop("model_type")
-for k in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
-    keys.pop(k, None)
-torch.manual_seed(99)
-model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **keys), dtype=torch.float32)
-model.to(torch.bfloat16).save_pretrained(sys.argv[2], max_shard_size="100KB")
-PY
+    "$PY" tests/hf/make_init_weights.py --one "$OUT/models/$f.pt" "$OUT/models/${f}_pretrained" \
+      > "$OUT/models/${f}_pretrained.log" 2>&1 \
+      || { echo "${f}: save_pretrained failed: $(tail -1 "$OUT/models/${f}_pretrained.log")"; continue; }
     tp_io=()  # the widest layout that trained above: TP 2 + SP, else TP 2, else none
     if [ -f "$OUT/runs/${f}_tp2_sp_s3_n4/metrics.jsonl" ]; then tp_io=(distributed.tp_size=2 distributed.sequence_parallel=true)
     elif [ -f "$OUT/runs/${f}_tp2_s1_n2/metrics.jsonl" ]; then tp_io=(distributed.tp_size=2); fi

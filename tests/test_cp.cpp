@@ -29,6 +29,30 @@ double max_rel(const at::Tensor& a, const at::Tensor& b) {
   return ((a - b).abs().max() / b.abs().max()).item<double>();
 }
 
+// cp_attention on this rank's chunks of q [B, H, T, D], k [B, Hk, T, D], v [B, Hk, T, Dv] against
+// the reference on the whole sequence with the shared key/value heads repeated by hand (query head
+// h reads key/value head h / (H / Hk)): outputs and the gradients of q, k and v.
+void check_grouped(Communicator& c, int64_t H, int64_t Hk, int64_t D, int64_t Dv, uint64_t seed) {
+  const int64_t C = c.size(), r = c.rank();
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const int64_t B = 2, T = 4 * C * 2;
+  at::Tensor q = at::randn({B, H, T, D}, gen, at::kFloat), k = at::randn({B, Hk, T, D}, gen, at::kFloat);
+  at::Tensor v = at::randn({B, Hk, T, Dv}, gen, at::kFloat), w = at::randn({B, H, T, Dv}, gen, at::kFloat);
+  at::Tensor qr = q.clone().requires_grad_(true), kr = k.clone().requires_grad_(true), vr = v.clone().requires_grad_(true);
+  at::Tensor ref = reference(qr, kr.repeat_interleave(H / Hk, 1), vr.repeat_interleave(H / Hk, 1));
+  (ref * w).sum().backward();
+  at::Tensor ql = mine(q, r, C).requires_grad_(true), kl = mine(k, r, C).requires_grad_(true), vl = mine(v, r, C).requires_grad_(true);
+  at::Tensor out = cp_attention(ql, kl, vl);
+  (out * mine(w, r, C)).sum().backward();
+  CHECK(out.sizes() == at::IntArrayRef({B, H, T / C, Dv}));
+  CHECK(kl.grad().sizes() == kl.sizes());
+  CHECK(vl.grad().sizes() == vl.sizes());
+  CHECK(max_rel(out.detach(), mine(ref.detach(), r, C)) < 1e-5);
+  CHECK(max_rel(ql.grad(), mine(qr.grad(), r, C)) < 1e-4);
+  CHECK(max_rel(kl.grad(), mine(kr.grad(), r, C)) < 1e-4);
+  CHECK(max_rel(vl.grad(), mine(vr.grad(), r, C)) < 1e-5);
+}
+
 }  // namespace
 
 TEST_CASE("context-parallel attention (all-gather and ring) equals causal attention on the whole sequence") {
@@ -75,26 +99,10 @@ TEST_CASE("bf16 inputs: fp32 inside, bf16 out and back") {
 
 TEST_CASE("grouped-query and multi-query keys/values: each shared head serves its group of query heads") {
   auto c = test::world("cp");
-  const int64_t C = c->size(), r = c->rank();
   for (int64_t Hk : {1, 2}) {
     set_cp_context(c.get(), Hk == 2);
-    INFO("ranks " << C << ", " << Hk << " key/value heads of 4");
-    at::Generator gen = at::detail::createCPUGenerator(5);
-    const int64_t B = 2, H = 4, T = 4 * C * 2, D = 8;
-    at::Tensor q = at::randn({B, H, T, D}, gen, at::kFloat), k = at::randn({B, Hk, T, D}, gen, at::kFloat);
-    at::Tensor v = at::randn({B, Hk, T, D}, gen, at::kFloat), w = at::randn({B, H, T, D}, gen, at::kFloat);
-    at::Tensor qr = q.clone().requires_grad_(true), kr = k.clone().requires_grad_(true), vr = v.clone().requires_grad_(true);
-    // The reference repeats the shared heads by hand: query head h reads key/value head h / (H / Hk).
-    at::Tensor ref = reference(qr, kr.repeat_interleave(H / Hk, 1), vr.repeat_interleave(H / Hk, 1));
-    (ref * w).sum().backward();
-    at::Tensor ql = mine(q, r, C).requires_grad_(true), kl = mine(k, r, C).requires_grad_(true), vl = mine(v, r, C).requires_grad_(true);
-    at::Tensor out = cp_attention(ql, kl, vl);
-    (out * mine(w, r, C)).sum().backward();
-    CHECK(kl.grad().sizes() == kl.sizes());
-    CHECK(max_rel(out.detach(), mine(ref.detach(), r, C)) < 1e-5);
-    CHECK(max_rel(ql.grad(), mine(qr.grad(), r, C)) < 1e-4);
-    CHECK(max_rel(kl.grad(), mine(kr.grad(), r, C)) < 1e-4);
-    CHECK(max_rel(vl.grad(), mine(vr.grad(), r, C)) < 1e-5);
+    INFO("ranks " << c->size() << ", " << Hk << " key/value heads of 4");
+    check_grouped(*c, 4, Hk, 8, 8, 5);
   }
   set_cp_context(nullptr);
 }
@@ -130,29 +138,13 @@ TEST_CASE("soft-capped scores (Gemma 2): cap * tanh(scores / cap) before the cau
 
 TEST_CASE("values of another head size than queries and keys (DeepSeek's MLA), both exchanges, with shared heads") {
   auto c = test::world("cp");
-  const int64_t C = c->size(), r = c->rank();
   for (bool ring : {false, true})
   for (int64_t Dv : {8, 24})
   for (int64_t Hk : {4, 2}) {
     set_cp_context(c.get(), ring);
-    INFO("ranks " << C << (ring ? ", ring (p2p)" : ", all-gather") << ", q/k head size 16, value head size " << Dv
-                  << ", " << Hk << " key/value heads of 4");
-    at::Generator gen = at::detail::createCPUGenerator(23);
-    const int64_t B = 2, H = 4, T = 4 * C * 2, D = 16;
-    at::Tensor q = at::randn({B, H, T, D}, gen, at::kFloat), k = at::randn({B, Hk, T, D}, gen, at::kFloat);
-    at::Tensor v = at::randn({B, Hk, T, Dv}, gen, at::kFloat), w = at::randn({B, H, T, Dv}, gen, at::kFloat);
-    at::Tensor qr = q.clone().requires_grad_(true), kr = k.clone().requires_grad_(true), vr = v.clone().requires_grad_(true);
-    at::Tensor ref = reference(qr, kr.repeat_interleave(H / Hk, 1), vr.repeat_interleave(H / Hk, 1));
-    (ref * w).sum().backward();
-    at::Tensor ql = mine(q, r, C).requires_grad_(true), kl = mine(k, r, C).requires_grad_(true), vl = mine(v, r, C).requires_grad_(true);
-    at::Tensor out = cp_attention(ql, kl, vl);
-    (out * mine(w, r, C)).sum().backward();
-    CHECK(out.sizes() == at::IntArrayRef({B, H, T / C, Dv}));
-    CHECK(vl.grad().sizes() == vl.sizes());
-    CHECK(max_rel(out.detach(), mine(ref.detach(), r, C)) < 1e-5);
-    CHECK(max_rel(ql.grad(), mine(qr.grad(), r, C)) < 1e-4);
-    CHECK(max_rel(kl.grad(), mine(kr.grad(), r, C)) < 1e-4);
-    CHECK(max_rel(vl.grad(), mine(vr.grad(), r, C)) < 1e-5);
+    INFO("ranks " << c->size() << (ring ? ", ring (p2p)" : ", all-gather") << ", q/k head size 16, value head size "
+                  << Dv << ", " << Hk << " key/value heads of 4");
+    check_grouped(*c, 4, Hk, 16, Dv, 23);
   }
   set_cp_context(nullptr);
 }

@@ -230,6 +230,30 @@ struct CheckpointManager::Pending {
   std::atomic<bool> done{false};
 };
 
+namespace {
+
+// The buffers a model.init_from set, as rank 0 saved them ("buffer/NAME" in rank_00000.safetensors),
+// copied into `module`'s buffers of those names; returns the names.
+std::vector<std::string> restore_buffers(PieceReader& reader, const json& index, torch::jit::Module& module,
+                                         const std::string& dir) {
+  std::vector<std::string> restored;
+  const std::string first = "rank_00000.safetensors";
+  if (!index["files"].contains(first)) return restored;
+  SafetensorsFile& f = reader.file(first);
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    if (!f.has("buffer/" + b.name)) continue;
+    at::Tensor saved = f.get("buffer/" + b.name);
+    if (saved.sizes() != b.value.sizes())
+      throw UserError(fmt::format("{}: buffer {} has shape [{}] in the checkpoint, [{}] in the model", dir, b.name,
+                                  fmt::join(saved.sizes(), ", "), fmt::join(b.value.sizes(), ", ")));
+    b.value.copy_(saved);
+    restored.push_back(b.name);
+  }
+  return restored;
+}
+
+}  // namespace
+
 CheckpointManager::CheckpointManager(const Config& cfg, ProcessGroups& pg, Model& model, ParallelEngine& engine,
                                      Optimizer& optimizer)
     : cfg_(cfg), pg_(pg), model_(model), engine_(engine), optimizer_(optimizer) {
@@ -387,23 +411,9 @@ TrainerState CheckpointManager::load(const std::string& dir) {
         gen.set_state(f.get("rng/cuda").clone());
       }
     }
-    // Buffers a model.init_from set when the run began (saved by rank 0): the checkpoint wins over
-    // the file's values, as for the weights.
-    const std::string first = "rank_00000.safetensors";
-    if (index["files"].contains(first)) {
-      SafetensorsFile& f = reader.file(first);
-      std::vector<std::string> restored;
-      for (const auto& b : model_.module().named_buffers(/*recurse=*/true))
-        if (f.has("buffer/" + b.name)) {
-          at::Tensor saved = f.get("buffer/" + b.name);
-          if (saved.sizes() != b.value.sizes())
-            throw UserError(fmt::format("{}: buffer {} has shape [{}] in the checkpoint, [{}] in the model", dir, b.name,
-                                        fmt::join(saved.sizes(), ", "), fmt::join(b.value.sizes(), ", ")));
-          b.value.copy_(saved);
-          restored.push_back(b.name);
-        }
-      model_.loaded_buffers() = restored;
-    }
+    // Buffers a model.init_from set when the run began: the checkpoint wins over the file's
+    // values, as for the weights.
+    model_.loaded_buffers() = restore_buffers(reader, index, model_.module(), dir);
     st.step = index["trainer"].at("step").get<int64_t>();
     st.consumed_samples = index["trainer"].at("consumed_samples").get<int64_t>();
   } catch (const UserError& e) {
@@ -691,13 +701,7 @@ void export_checkpoint(const std::string& given, const std::string& out, const s
     at::NoGradGuard ng;
     std::map<std::string, at::Tensor> by_name(unique.begin(), unique.end());
     for (auto& p : model.params()) p.tensor.copy_(by_name.at(p.name).to(p.tensor.scalar_type()));
-    // Buffers model.init_from set (rank 0's file): the trained model computes with them.
-    const std::string first = "rank_00000.safetensors";
-    if (index["files"].contains(first)) {
-      SafetensorsFile& f = reader.file(first);
-      for (const auto& b : model.module().named_buffers(/*recurse=*/true))
-        if (f.has("buffer/" + b.name)) b.value.copy_(f.get("buffer/" + b.name));
-    }
+    restore_buffers(reader, index, model.module(), dir);  // model.init_from's: the trained model computes with them
     const std::string tmp = out + ".tmp";
     model.module().save(tmp);
     if (std::rename(tmp.c_str(), out.c_str()) != 0) throw UserError(out + ": cannot write: " + std::strerror(errno));

@@ -2,6 +2,7 @@
 """Weights for model.init_from (tests/hf/hf_tests.cmake), made the way users get them:
 
     make_init_weights.py HF_MODELS FIXTURE
+    make_init_weights.py --one MODEL.pt OUT_DIR   # one such directory (scripts/hf_family_sweep.sh)
 
   HF_MODELS/llama_pretrained/   a Hugging Face directory as save_pretrained writes it (config.json,
                                 model-0000K-of-0000N.safetensors and model.safetensors.index.json,
@@ -22,27 +23,39 @@ import sys
 import torch
 
 
-def main():
-    hfx, fx = sys.argv[1], sys.argv[2]
+def save_pretrained_of(model_pt, out, max_shard_size):
+    """A Hugging Face directory of the transformers model an export_hf.py file was built from (its
+    mfsdp/hf_config.json), with other weights (seed 99; DeepSeek V3's router bias, a buffer
+    save_pretrained writes, moved off its zeros), in bf16 shards of max_shard_size."""
     import transformers
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+    import mfsdp_ops  # noqa: F401  (files that call mfsdp::attention load with it)
     transformers.logging.set_verbosity_error()
+    extra = {"mfsdp/hf_config.json": ""}
+    torch.jit.load(model_pt, _extra_files=extra)
+    keys = json.loads(extra["mfsdp/hf_config.json"])
+    family = keys.pop("model_type")
+    for k in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
+        keys.pop(k, None)
+    torch.manual_seed(99)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **keys), dtype=torch.float32)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0, 1.0)
+    model.to(torch.bfloat16).save_pretrained(out, max_shard_size=max_shard_size)
+
+
+def main():
+    if sys.argv[1] == "--one":  # make_init_weights.py --one MODEL.pt OUT_DIR (scripts/hf_family_sweep.sh)
+        save_pretrained_of(sys.argv[2], sys.argv[3], "100KB")
+        return
+    hfx, fx = sys.argv[1], sys.argv[2]
+    from safetensors.torch import save_file
     for fixture in ("llama", "mixtral", "deepseek_v3"):
-        extra = {"mfsdp/hf_config.json": ""}
-        torch.jit.load(os.path.join(hfx, f"{fixture}.pt"), _extra_files=extra)
-        keys = json.loads(extra["mfsdp/hf_config.json"])
-        family = keys.pop("model_type")
-        for k in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
-            keys.pop(k, None)
-        torch.manual_seed(99)
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **keys), dtype=torch.float32)
-        with torch.no_grad():  # DeepSeek V3's router bias: a buffer save_pretrained writes, moved off its zeros
-            for name, b in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    b.normal_(0, 1.0)
         out = os.path.join(hfx, f"{fixture}_pretrained")
-        model.to(torch.bfloat16).save_pretrained(out, max_shard_size="200KB")
+        save_pretrained_of(os.path.join(hfx, f"{fixture}.pt"), out, "200KB")
         shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
         index = json.load(open(os.path.join(out, "model.safetensors.index.json")))["weight_map"]
         print(f"wrote {out}: {len(shards)} shards, bf16, {len(index)} tensors (e.g. {sorted(index)[len(index) // 2]})")
