@@ -164,6 +164,108 @@ def call_order(model, globs):
     return order
 
 
+def unplanned_layer_modules(model, plan, experts, prefix):
+    """Globs (layer indices as *) of the modules directly inside the model's layers (the elements of
+    its ModuleLists), and the base model's other children, that hold trained parameters and that no
+    plan entry covers (at, above or below them), norms and the embedding aside (their own rules
+    mark them)."""
+    import torch
+    names = [n for n, _ in model.named_modules()]
+    keys = [glob_re(k) for k in plan]
+    planned = [m for m in names if any(r.fullmatch(m) for r in keys)]
+
+    def covered(n):  # a plan entry at n, above it or below it
+        return any(m == n or m.startswith(n + ".") or n.startswith(m + ".") for m in planned)
+    found, seen = [], set()
+    for name, mod in model.named_modules():
+        if not isinstance(mod, torch.nn.ModuleList) or not name.startswith(prefix + "."):
+            continue
+        for layer_name, layer in mod.named_children():
+            for child_name, child in layer.named_children():
+                glob = f"{name}.*.{child_name}"
+                full = f"{name}.{layer_name}.{child_name}"
+                if glob in seen or (is_norm(child) and not any(True for c in child.children() for _ in c.parameters())):
+                    continue  # a plain norm: the norms' rule marks it
+                if not any(p.requires_grad for p in child.parameters()) or covered(full):
+                    continue
+                if any(covered(m) for m in names if glob_re(glob).fullmatch(m)):
+                    continue  # planned in other layers: the glob would not say one thing for all
+                seen.add(glob)
+                found.append(glob)
+    # And beside the layers, called after them on their output (DeepSeek V4's hyper-connection head
+    # hc_head). One called before them sees the whole sequence anyway (the split comes at the
+    # first layer) and is plain replicated.
+    base, emb = getattr(model, prefix, None), model.get_input_embeddings()
+    lists = [m for m in (base.children() if base is not None else []) if isinstance(m, torch.nn.ModuleList)]
+    layer_globs = [f"{n}.*" for n, m in model.named_modules() if any(m is l for l in lists)]
+    after = [f"{prefix}.{n}" for n, c in (base.named_children() if base is not None else [])
+             if not isinstance(c, torch.nn.ModuleList) and c is not emb and not is_norm(c)
+             and any(p.requires_grad for p in c.parameters()) and not covered(f"{prefix}.{n}")]
+    if after and layer_globs:
+        order = call_order(model, [prefix])
+        first_layer = min((order[g] for g in order if any(glob_re(l).fullmatch(g) for l in layer_globs)), default=None)
+        found += [m for m in after if first_layer is not None and order.get(m, -1) > first_layer]
+    return found
+
+
+def is_norm(module):
+    return "norm" in type(module).__name__.lower()
+
+
+def token_wise(model, globs):
+    """{glob: whether the first module matching it works token by token}: called again on its
+    recorded input with the first position changed, a token-wise module's output changes there
+    alone; attention (causal: every later position) and convolutions change more. A module whose
+    call has no [batch, sequence, ...] tensor counts as mixing."""
+    import torch
+    first, hooks, calls = {}, [], {}
+    for name, mod in model.named_modules():
+        glob = next((g for g in globs if glob_re(g).fullmatch(name)), None)
+        if glob and glob not in first:
+            first[glob] = mod
+
+            def record(m, args, kwargs, out, glob=glob):
+                calls.setdefault(glob, (args, kwargs, out))
+            hooks.append(mod.register_forward_hook(record, with_kwargs=True))
+    T = 8
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            type(model).forward(model, input_ids=torch.arange(T).unsqueeze(0) % model.config.vocab_size, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+
+    def first_tensor(v):
+        if isinstance(v, torch.Tensor):
+            return v
+        if isinstance(v, (tuple, list)):
+            return next((t for t in v if isinstance(t, torch.Tensor)), None)
+        return None
+    result = {}
+    for glob, (args, kwargs, out) in calls.items():
+        args, kwargs = list(args), dict(kwargs)
+        if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+            where, x = ("kw", "hidden_states"), kwargs["hidden_states"]
+        else:
+            i = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+            where, x = ("arg", i), (args[i] if i is not None else None)
+        y = first_tensor(out)
+        if x is None or y is None or x.dim() < 3 or x.shape[1] != T or y.dim() < 2 or y.shape[1] != T:
+            result[glob] = False
+            continue
+        x2 = x.clone()
+        x2[:, 0] += torch.randn_like(x2[:, 0]) * (x.abs().mean() + 1)
+        if where[0] == "kw":
+            kwargs[where[1]] = x2
+        else:
+            args[where[1]] = x2
+        with torch.no_grad(), torch.random.fork_rng():
+            y2 = first_tensor(first[glob](*args, **kwargs))
+        result[glob] = bool(y2 is not None and y2.shape == y.shape and torch.equal(y2[:, 1:], y[:, 1:])
+                            and not torch.equal(y2[:, 0], y[:, 0]))
+    return result
+
+
 def checkpoint_layout(model):
     """How this family's HF checkpoints store what the model holds otherwise (transformers' own
     conversion mapping for the model type, applied by from_pretrained and reversed by
@@ -256,6 +358,27 @@ def inline_autograd_functions(used):
         yield
     finally:
         Function.apply = saved
+
+
+@contextlib.contextmanager
+def traceable_scatter():
+    """Within the block, Tensor.scatter with a Python bool value (DeepSeek V3.2's sparse-attention
+    index mask: ones.scatter(-1, topk, False)), which torch.jit.trace cannot record (no aten::scatter
+    overload takes a bool Scalar), scatters a tensor of that value shaped like the index instead:
+    the same result, recorded as aten::scatter.src."""
+    import torch
+    saved = torch.Tensor.scatter
+
+    def scatter(self, dim, index, src=None, **kwargs):
+        if isinstance(src, bool) and not kwargs:
+            src = (torch.ones_like if src else torch.zeros_like)(index, dtype=self.dtype)
+        return saved(self, dim, index, src, **kwargs) if src is not None else saved(self, dim, index, **kwargs)
+
+    torch.Tensor.scatter = scatter
+    try:
+        yield
+    finally:
+        torch.Tensor.scatter = saved
 
 
 def check_inlined_gradients(model, traced, tokens, pos, used):
@@ -371,12 +494,12 @@ def derive_tp_plan(model):
             return None, (f"base_model_tp_plan entry {key}: {style} is not a style mfsdp applies (it keeps "
                           f"{', '.join(KEPT_STYLES)}): no tensor-parallel plan stored; give distributed.tp_plan")
         plan[f"{prefix}.{key}"] = KEPT_STYLES[style]
-    if experts:
-        # An MoE config's plan also names the dense MLP's projections (Qwen2-MoE's gate_proj, for
-        # layers in mlp_only_layers): where every layer is sparse they match no module, and are
-        # left out as transformers leaves them.
-        for k in [k for k in plan if not any(glob_re(k).fullmatch(n) for n in names)]:
-            del plan[k]
+    # A config's plan may name modules this config does not build: an MoE plan names the dense
+    # MLP's projections (Qwen2-MoE's gate_proj, for layers in mlp_only_layers), Doge's names its
+    # MoE router and expert embeddings when the config is dense. Such entries are left out, as
+    # transformers leaves them (mfsdp refuses a stored entry that matches nothing).
+    for k in [k for k in plan if not any(glob_re(k).fullmatch(n) for n in names)]:
+        del plan[k]
     # Sequence parallelism (distributed.sequence_parallel): HF attention reads the sequence length
     # from its input, so each block holding colwise/rowwise layers (attention, MLP) works on the
     # gathered sequence (sequence_gathered), and the norms between them on this rank's part of it
@@ -387,8 +510,26 @@ def derive_tp_plan(model):
     # A block that holds another (OPT's decoder layer, parent of fc1 and fc2, holds its attention)
     # is not one: its input would be gathered twice and its middle rowwise layer would scatter it.
     blocks = {b for b in blocks if not any(o.startswith(b + ".") for o in blocks)}
+    # Nor is one whose glob also matches a module holding experts (EXAONE-MoE's mlp.gate_proj
+    # names the dense MLP of its first layers; the same layers.*.mlp is the MoE block further on,
+    # whose experts' call gathers its own tokens): the dense MLPs work token by token, their
+    # colwise layers copying their input themselves.
+    blocks = {b for b in blocks if not any(e.startswith(b + ".") for e in experts)}
     for blk in sorted(blocks):
         plan.setdefault(f"{prefix}.{blk}", "sequence_gathered")
+    # A block's glob may match a module of another kind in some layers (MiniMax's self_attn: softmax
+    # attention with split q/k/v/o in some layers, linear attention with nothing split in others).
+    # Gathered without a rowwise output, such a module would hand its whole output on, its input
+    # gradient summed over TP once too often (measured: 1e-3 off PyTorch). Each gets an entry of its
+    # own, ahead of the glob: sequence_whole, or sequence_parallel where it works token by token.
+    splits = ("colwise", "colwise_rep", "rowwise", "rowwise_rep")
+    split_names = [m for m in names if any(glob_re(k).fullmatch(m) for k, st in plan.items() if st.split(":")[0] in splits)]
+    odd = [m for m in names for b in blocks
+           if glob_re(f"{prefix}.{b}").fullmatch(m) and not any(x.startswith(m + ".") for x in split_names)]
+    front = {}
+    if odd:
+        by_token = token_wise(model, odd)
+        front = {m: "sequence_parallel" if by_token.get(m) else "sequence_whole" for m in odd}
     # A replicated module with parameters inside such a block may see only this rank's share of its
     # gradient: the block's colwise layers leave their input gradients partial (the block's input
     # takes the one reduction), and so do heads split by a colwise layer. mfsdp refuses an
@@ -424,8 +565,9 @@ def derive_tp_plan(model):
         inside = [p for p in plan if p.startswith(blk + ".")]
         kinds = {plan[p].split(":")[0] for p in inside}
         if "colwise_rep" in kinds and not kinds & {"rowwise", "rowwise_rep"} and unstyled([blk], itself=True):
-            for p in inside + [blk]:
+            for p in inside:
                 del plan[p]
+            plan[blk] = "sequence_whole"
             gathered.remove(blk)
             kept_whole.append(blk)
     inner = unstyled(gathered, itself=False)
@@ -441,6 +583,19 @@ def derive_tp_plan(model):
             last = before[-1][1] if before else None
             plan[glob] = {None: "replicated_with_grad_allreduce", "colwise": "replicated_with_grad_allreduce",
                           "colwise_rep": "replicate"}.get(last, "sequence_parallel")
+    # What the plan leaves unsplit in the layers (an attention the config does not plan: DiffLlama,
+    # HunYuan, gpt-oss with its sinks; an MLP without entries) runs replicated on every TP rank.
+    # Under sequence parallelism its input is this rank's part of the sequence: a module that works
+    # token by token may keep it (sequence_parallel: its gradients summed over TP), one that mixes
+    # positions (attention, a convolution) needs the whole sequence (sequence_whole: gathered at
+    # its input, cut back at its output). Which is which is measured (token_wise).
+    whole, unsplit = [], unplanned_layer_modules(model, plan, experts, prefix)
+    if unsplit:
+        by_token = token_wise(model, unsplit)
+        for glob in unsplit:
+            plan[glob] = "sequence_parallel" if by_token.get(glob) else "sequence_whole"
+            if plan[glob] == "sequence_whole":
+                whole.append(glob)
     # The router beside an experts module (and a shared expert, and its gate, where the config's
     # plan leaves them replicated) runs on this rank's tokens: under sequence parallelism their
     # gradients are partial, summed over TP.
@@ -452,7 +607,7 @@ def derive_tp_plan(model):
                 and not any(glob == p or glob.startswith(p + ".") for p in plan)):
             plan[glob] = "sequence_parallel"
     for name, mod in model.named_modules():
-        if "norm" not in type(mod).__name__.lower() or not any(True for _ in mod.parameters(recurse=False)):
+        if not is_norm(mod) or not any(True for _ in mod.parameters(recurse=False)):
             continue
         glob = re.sub(r"\.\d+\.", ".*.", name)
         if glob in plan or any(glob.startswith(p + ".") for p in plan):
@@ -469,12 +624,16 @@ def derive_tp_plan(model):
     if head is not None and isinstance(head, __import__("torch").nn.Linear):
         head_name = next(n for n, m in model.named_modules() if m is head)
         plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
+    plan = {**front, **plan}  # first matching entry wins: the odd layers' own entries first
     origin = f"mfsdp's plan for {model.config.model_type}" if builtin else f"{type(model.config).__name__}.base_model_tp_plan"
     if len(base_plan) > len(planned):
         origin += f" and mfsdp's entries for its attention ({len(base_plan) - len(planned)}, PLAN_SUPPLEMENTS)"
     if kept_whole:
         origin += (f"; {', '.join(kept_whole)} kept whole on every TP rank (replicated code with parameters between "
-                   "colwise_gather_output layers; not under sequence parallelism)")
+                   "colwise_gather_output layers; sequence_whole)")
+    whole += [m for m, st in front.items() if st == "sequence_whole"]
+    if whole:
+        origin += f"; {', '.join(whole)} unsplit, mixing positions: whole on every TP rank (sequence_whole)"
     return plan, f"tensor-parallel plan from {origin} ({len(plan)} entries)"
 
 
@@ -634,6 +793,33 @@ def build_config(args):
             notes.append(f"{k} {v} outside the vocabulary ({vocab}) -> None")
     cfg.use_cache = False
     return cfg, notes
+
+
+def samples_in_training(model):
+    """What a training-mode forward draws random numbers with, once the dropouts are 0 (the
+    generator's state moves): the modules whose own forward moves it, or '' if none."""
+    import torch
+    moved, hooks, state = [], [], {}
+    for name, mod in model.named_modules():
+        def pre(m, args, name=name):
+            state[name] = torch.get_rng_state()
+
+        def post(m, args, out, name=name):
+            if name in state and not torch.equal(state.pop(name), torch.get_rng_state()):
+                moved.append(name)
+        hooks += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    was = model.training
+    try:
+        model.train()
+        with torch.no_grad(), torch.random.fork_rng():
+            type(model).forward(model, input_ids=torch.arange(8).unsqueeze(0) % model.config.vocab_size, use_cache=False)
+    finally:
+        model.train(was)
+        for h in hooks:
+            h.remove()
+    # the innermost modules that drew (a module whose child drew moved too)
+    inner = [m for m in moved if m and not any(o.startswith(m + ".") for o in moved)]
+    return ", ".join(sorted({re.sub(r"\.\d+\.", ".*.", m) for m in inner})[:4])
 
 
 def dropout_keys(cfg):
@@ -819,6 +1005,14 @@ def main(argv=None):
     # Dropout kept (--dropout config): the trace is taken in training mode, which records it.
     kept = dropout_keys(cfg)
     training = args.dropout == "config" and bool(kept)
+    sampling = samples_in_training(model)
+    if sampling and not training:
+        # The trace records the branches of one mode: traced in eval mode, a family that samples in
+        # training (PhiMoE's sparsemixer routes by random draws) would train as it evaluates.
+        training = True
+        print(f"export_hf: {type(model).__name__} draws random numbers in training with its dropouts at 0 "
+              f"({sampling}): traced in training mode, so mfsdp trains it as transformers does (mfsdp turns "
+              "training mode off in evaluation)", file=sys.stderr)
     attention_op = use_attention_op(model, training) if attention == "eager" else None
     hf_model = model
     adapter_config = None
@@ -829,8 +1023,11 @@ def main(argv=None):
     if dtype != torch.float32:
         model = model.to(dtype)
     model.train(training)
-    if training:
-        print(f"export_hf: traced in training mode: dropout {', '.join(kept + (['lora_dropout'] if adapter_config and adapter_config.get('lora_dropout') else []))} "
+    drops = kept if args.dropout == "config" else []
+    if adapter_config and adapter_config.get("lora_dropout"):
+        drops = drops + ["lora_dropout"]
+    if training and drops:
+        print(f"export_hf: traced in training mode: dropout {', '.join(drops)} "
               "active in training (mfsdp turns it off in evaluation)", file=sys.stderr)
 
     # The contract's forward on the HF instance itself, so that parameter names stay HF's.
@@ -846,7 +1043,7 @@ def main(argv=None):
     tokens = torch.randint(0, V, (2, T), generator=g)
     pos = torch.arange(T).unsqueeze(0).expand(2, T).contiguous()
     inlined = set()
-    with torch.no_grad(), inline_autograd_functions(inlined):
+    with torch.no_grad(), inline_autograd_functions(inlined), traceable_scatter():
         traced = torch.jit.trace(model, (tokens, pos), check_trace=False)
         # Another batch size and length than traced: a size the trace baked in shows here. With
         # dropout (training mode) both start from one generator state: the same masks.
@@ -903,9 +1100,12 @@ def main(argv=None):
     }
     if plan:
         extra["mfsdp/tp_plan.json"] = json.dumps(plan, indent=1)
-    if adapter_config is not None:
+    # The parameters the model trains: PEFT's adapters, and where a family keeps a parameter out of
+    # training (AFMoE's router expert_bias, requires_grad False), every other one.
+    if adapter_config is not None or not all(p.requires_grad for p in model.parameters()):
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]
         extra["mfsdp/trainable.json"] = json.dumps(trainable, indent=1)
+    if adapter_config is not None:
         extra["mfsdp/adapter_config.json"] = json.dumps(adapter_config, indent=1, sort_keys=True)
     tmp = args.out + ".tmp"
     traced.save(tmp, _extra_files=extra)

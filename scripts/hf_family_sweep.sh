@@ -8,6 +8,7 @@
 #   scripts/hf_family_sweep.sh [FAMILY...]      # default: all below; results under $SWEEP (/tmp/hf_sweep)
 #   scripts/hf_family_sweep.sh --real [NAME...] # shrunk copies of real models' config.json files
 #                                               # (scripts/hf_real_configs.py), exported with --model-dir
+#   scripts/hf_family_sweep.sh --configs DIR [NAME...]  # DIR/NAME/config.json, e.g. your own shrunk configs
 # With SWEEP_IO=1 each family also goes in and out as Hugging Face files: a save_pretrained
 # directory of other weights (bf16 shards) read by model.init_from (TP 2 + SP, strategy 3, 4 ranks;
 # judged against PyTorch with the weights from_pretrained reads), and `export --format hf` of that
@@ -41,10 +42,14 @@ declare -A M=(
   [deepseek_v3]="$C num_key_value_heads=4 moe_intermediate_size=32 n_routed_experts=4 n_shared_experts=1 num_experts_per_tok=2 n_group=2 topk_group=1 first_k_dense_replace=1 kv_lora_rank=16 q_lora_rank=24 qk_nope_head_dim=8 qk_rope_head_dim=8 v_head_dim=8"
   [qwen3_next]="$G head_dim=16 num_experts=4 num_experts_per_tok=2 moe_intermediate_size=32 shared_expert_intermediate_size=64 linear_num_key_heads=2 linear_num_value_heads=4 linear_key_head_dim=8 linear_value_head_dim=8"
 )
-real=0
+real=0 cfgdir="$OUT/configs"
 if [ "${1:-}" = "--real" ]; then
   real=1; shift
-  "$PY" scripts/hf_real_configs.py "$OUT/configs" > "$OUT/configs.list" || exit 2
+  "$PY" scripts/hf_real_configs.py "$cfgdir" > "$OUT/configs.list" || exit 2
+elif [ "${1:-}" = "--configs" ]; then
+  [ -d "${2:-}" ] || { echo "hf_family_sweep: --configs needs a directory of NAME/config.json" >&2; exit 2; }
+  real=1 cfgdir=$(cd "$2" && pwd); shift 2
+  (cd "$cfgdir" && for d in */config.json; do echo "${d%/config.json}"; done) > "$OUT/configs.list"
 fi
 families=("$@")
 if [ ${#families[@]} -eq 0 ]; then
@@ -63,8 +68,8 @@ train() {  # NAME NP OVERRIDES...
 }
 for f in "${families[@]}"; do
   if [ $real = 1 ]; then
-    [ -f "$OUT/configs/$f/config.json" ] || { echo "hf_family_sweep: no config $f in scripts/hf_real_configs.py" >&2; exit 2; }
-    export_args=(--model-dir "$OUT/configs/$f" --random-init)
+    [ -f "$cfgdir/$f/config.json" ] || { echo "hf_family_sweep: no config $cfgdir/$f/config.json" >&2; exit 2; }
+    export_args=(--model-dir "$cfgdir/$f" --random-init)
   else
     [ -n "${M[$f]:-}" ] || { echo "hf_family_sweep: no config for $f" >&2; exit 2; }
     # shellcheck disable=SC2206  # the config keys are words

@@ -34,10 +34,10 @@ const char* to_string(ZeroDpStrategy s) {
 std::string parse_tp_style(const std::string& text, TpStyle& out) {
   static const char* kinds[] = {"colwise", "rowwise", "colwise_rep", "rowwise_rep", "vocab_parallel", "sequence_parallel", "replicate",
                                 "replicated_with_grad_allreduce", "sequence_gathered", "sequence_parallel_gather",
-                                "moe_experts"};
+                                "sequence_whole", "moe_experts"};
   const std::string expected =
       "a style: colwise, colwise:N or colwise:A+B+C (packed parts), rowwise, colwise_rep, rowwise_rep, vocab_parallel, "
-      "sequence_parallel, sequence_parallel_gather, sequence_gathered, moe_experts, replicate or "
+      "sequence_parallel, sequence_parallel_gather, sequence_gathered, sequence_whole, moe_experts, replicate or "
       "replicated_with_grad_allreduce";
   auto colon = text.find(':');
   out = TpStyle{text.substr(0, colon), {}};

@@ -295,6 +295,12 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
         }
       }
     }
+    for (const auto& nm : modules)
+      for (const auto& c : chosen)
+        if (nm.name == c.first && !nm.value.find_method("forward"))
+          throw ConfigError(where + ": distributed.megatron_fsdp_unit_modules: module " + c.first + " (class " +
+                            c.second + ") matches, but it has no forward of its own (a container such as "
+                            "ModuleList is never called): name the modules inside it, such as " + c.first + ".*");
     if (chosen.empty())
       throw ConfigError(where + ": distributed.megatron_fsdp_unit_modules: [" + join(*patterns, ", ") +
                         "] matches no module of " + path_ + " (give class names such as Block, qualified names such "
@@ -314,6 +320,10 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
       std::map<std::string, std::vector<std::string>> by_class;
       std::map<std::string, bool> leaf;
       for (const auto& child : nm.value.named_children()) {
+        // A container without a forward of its own (ModuleList) is never called, so it cannot be
+        // a unit: GraniteSWA's two ModuleLists (layers, rotary_embs) would otherwise tie with the
+        // layers they hold (the same parameters, as many members) and win by coming first.
+        if (!child.value.find_method("forward")) continue;
         const std::string cls = unqualified_class_name(child.value);
         by_class[cls].push_back(nm.name.empty() ? child.name : nm.name + "." + child.name);
         leaf[cls] = child.value.named_children().size() == 0;

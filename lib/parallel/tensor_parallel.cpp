@@ -192,6 +192,24 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
     ++used[e];
     TpStyle style;
     parse_tp_style(plan.entries[e].second, style);
+    // A glob's * spans dots: model.layers.*.conv matches LFM2's model.layers.0.conv.conv as well.
+    // Inside a block of the same kind the outer block's one gather already covers it.
+    if (style.kind == "sequence_whole" || style.kind == "sequence_gathered") {
+      bool nested = false;
+      for (const auto& [path, outer] : a.module_styles)
+        nested = nested || (outer.kind == style.kind && nm.name.rfind(path + ".", 0) == 0);
+      if (nested) continue;
+    }
+    // Inside a sequence_whole block every parameter's gradient is whole: a broader glob's
+    // replicated style (MiniMax's layers.*.self_attn.norm, a mark for the layers whose attention
+    // is split, matching the norm of a linear-attention layer kept whole) says nothing more there.
+    if (style.kind == "sequence_parallel" || style.kind == "sequence_parallel_gather" ||
+        style.kind == "replicated_with_grad_allreduce" || style.kind == "replicate") {
+      bool in_whole = false;
+      for (const auto& [path, outer] : a.module_styles)
+        in_whole = in_whole || (outer.kind == "sequence_whole" && nm.name.rfind(path + ".", 0) == 0);
+      if (in_whole) continue;
+    }
     a.module_styles.emplace_back(nm.name, style);
     auto direct = nm.value.named_parameters(/*recurse=*/false);
     auto param_of = [&](const std::string& local) -> int {
@@ -298,6 +316,15 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
         a.grad_sum[size_t(pi)] = sp;
         if (a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = k;
       }
+    } else if (k == "sequence_whole") {
+      // A block every TP rank runs whole (attention the plan does not split: Hugging Face configs
+      // whose base_model_tp_plan leaves it out, gpt-oss's with its sinks, Qwen3-Next's linear
+      // attention): its parameters are replicated and, its input gathered whole, their gradients
+      // whole on every rank, with or without sequence parallelism: no sum.
+      for (const auto& p : nm.value.named_parameters(/*recurse=*/true)) {
+        const int pi = by_name.at(nm.name + "." + p.name);
+        if (a.split_dim[size_t(pi)] < 0 && a.param_styles[size_t(pi)].empty()) a.param_styles[size_t(pi)] = k;
+      }
     } else if (k == "replicate") {
       // Said explicitly: replicated with a gradient that is whole on every TP rank (inside a
       // sequence_gathered block, code between a colwise_rep layer's gathered output and a
@@ -329,11 +356,24 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
   for (size_t e = 0; e < plan.entries.size(); ++e)
     if (!used[e]) fail(e, "matches no module of " + model.path() + " (patterns are globs over full module paths). The "
                           "model's modules:\n" + model.module_tree());
-  auto gathered = [&](const std::string& name) {
+  auto inside = [&](const char* kind, const std::string& name) {
     for (const auto& [path, style] : a.module_styles)
-      if (style.kind == "sequence_gathered" && name.rfind(path + ".", 0) == 0) return true;
+      if (style.kind == kind && name.rfind(path + ".", 0) == 0) return true;
     return false;
   };
+  auto gathered = [&](const std::string& name) { return inside("sequence_gathered", name); };
+  auto whole = [&](const std::string& name) { return inside("sequence_whole", name); };
+  // A sequence_whole block runs unsplit: a splitting style inside it would leave its output
+  // partial (nothing reduces it), and a sequence_gathered block around it or inside it would
+  // gather an input twice.
+  for (const auto& [path, style] : a.module_styles) {
+    if (style.kind == "sequence_whole" && gathered(path))
+      throw ConfigError(plan.source + ": sequence_whole module " + path + " lies inside a sequence_gathered block");
+    if (whole(path) && (style_splits_weight(style.kind) || style.kind == "sequence_gathered" || style.kind == "sequence_whole"))
+      throw ConfigError(plan.source + ": module " + path + " (" + style.kind + ") lies inside a sequence_whole block, "
+                        "which every tensor-parallel rank runs whole; leave it out of the plan, or split the block "
+                        "(sequence_gathered with colwise and rowwise layers)");
+  }
   if (tp > 1) {
     // Inside a sequence_gathered block the colwise layers have no collective of their own (the
     // block's input takes the one reduction, DESIGN.md section 13), so the gradient reaching a
@@ -364,16 +404,21 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
     // Inside units, a replicated parameter sees this rank's part of the sequence only; its gradient
     // is right only when summed across TP. Ask for it explicitly rather than guess. Inside a
     // sequence_gathered block the check above has already asked.
+    // A frozen parameter takes no gradient (AFMoE's router expert_bias); one inside a
+    // sequence_whole block gets a whole gradient.
+    const std::vector<bool> trained = model.trainable_mask(cfg);
     std::vector<std::string> unmarked;
     for (size_t i = 0; i < n; ++i)
-      if (model.in_block(i) && a.split_dim[i] < 0 && !a.grad_sum[i] && !gathered(model.params()[i].name))
+      if (trained[i] && model.in_block(i) && a.split_dim[i] < 0 && !a.grad_sum[i] &&
+          !gathered(model.params()[i].name) && !whole(model.params()[i].name))
         unmarked.push_back(model.params()[i].name);
     if (!unmarked.empty())
       throw ConfigError(cfg.where("distributed.sequence_parallel") +
                         ": distributed.sequence_parallel: these parameters are replicated across tensor-parallel ranks "
                         "inside units, where activations are split along the sequence, and no plan entry says how: " +
-                        join(unmarked, ", ") + ". Mark their modules (norms) sequence_parallel in the plan (" +
-                        plan.source + ")");
+                        join(unmarked, ", ") + ". Mark their modules sequence_parallel in the plan where they work "
+                        "token by token (norms, an unsplit MLP), or the block around them sequence_whole where they "
+                        "read the whole sequence (an unsplit attention) (" + plan.source + ")");
     // Outside blocks, modules called after the first block (a final norm, also one inside a
     // container of the blocks such as HF's `model.norm`; an output head made a unit of its own)
     // see sequence-split activations too. Walk the forward graphs in call order, descending into
@@ -390,7 +435,8 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
                                                                                          const torch::jit::Module& m) {
       for (const auto& own : m.named_parameters(/*recurse=*/false)) {
         const int i = by_name.at(path + "." + own.name);
-        if (!model.in_block(size_t(i)) && a.split_dim[size_t(i)] < 0 && !a.grad_sum[size_t(i)])
+        if (trained[size_t(i)] && !model.in_block(size_t(i)) && a.split_dim[size_t(i)] < 0 && !a.grad_sum[size_t(i)] &&
+            !whole(model.params()[size_t(i)].name))
           unmarked_after.push_back(model.params()[size_t(i)].name);
       }
       for_each_call(path, m, [&](const std::string& target, Node*) {
@@ -419,7 +465,8 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
       throw ConfigError(cfg.where("distributed.sequence_parallel") +
                         ": distributed.sequence_parallel: these parameters belong to modules called after the units, "
                         "on sequence-split activations, and no plan entry says how: " + join(unmarked_after, ", ") +
-                        ". Mark their modules (the final norm) sequence_parallel in the plan (" + plan.source + ")");
+                        ". Mark their modules sequence_parallel in the plan where they work token by token (the final norm), "
+                        "or sequence_whole where they read the whole sequence (" + plan.source + ")");
   }
   return a;
 }
@@ -595,6 +642,11 @@ class TensorParallelImpl final : public TensorParallel {
         ++rewritten_;
         continue;
       }
+      if (style && style->kind == "sequence_whole") {
+        whole_sequence_at_call(node, first_target);
+        ++rewritten_;
+        continue;
+      }
       if (style && style->kind == "sequence_parallel_gather") {
         gather_sequence_after_call(node, first_target);
         ++rewritten_;
@@ -712,6 +764,45 @@ class TensorParallelImpl final : public TensorParallel {
     torch::jit::Graph& g = *node->owningGraph();
     torch::jit::WithInsertPoint guard(node);
     node->replaceInput(arg, insert_op(g, "mfsdp::tp_copy", {node->input(arg)}, node->input(arg)->type()));
+  }
+
+  // A sequence_whole block's call: under sequence parallelism its hidden-state argument (the
+  // first Tensor one) all-gathered along the sequence, whose gradient is this rank's slice of the
+  // whole one (no reduction: every rank computes the same whole gradient), and its output (a
+  // Tensor, or the first of a tuple) cut back to this rank's part of the sequence, whose gradient
+  // is all-gathered whole. One all-gather each way, no reduction, and the parameters' gradients
+  // whole on every rank. Without sequence parallelism both are the identity: the block is plain
+  // replicated code, its input and output whole already.
+  void whole_sequence_at_call(Node* node, const std::string& path) {
+    size_t arg = 0;
+    for (size_t i = 1; i < node->inputs().size() && !arg; ++i)
+      if (is_tensor_value(node->input(i))) arg = i;
+    if (arg == 0) throw UserError(path + ": a sequence_whole module must take a Tensor argument");
+    torch::jit::Graph& g = *node->owningGraph();
+    {
+      torch::jit::WithInsertPoint guard(node);
+      node->replaceInput(arg, insert_op(g, "mfsdp::sp_gather_whole", {node->input(arg)}, node->input(arg)->type()));
+    }
+    if (node->outputs().size() != 1)
+      throw ConfigError(a_.plan_source + ": sequence_whole module " + path + " must return a Tensor or a tuple");
+    Value* out = node->output();
+    torch::jit::WithInsertPoint guard(node->next());
+    if (is_tensor_value(out)) {
+      Value* mine = insert_op(g, "mfsdp::sp_split_whole", {out}, out->type());
+      out->replaceAllUsesAfterNodeWith(mine->node(), mine);
+      return;
+    }
+    auto tuple = out->type()->cast<c10::TupleType>();
+    if (!tuple || tuple->elements().empty() || !tuple->elements()[0]->isSubtypeOf(*c10::TensorType::get()))
+      throw ConfigError(a_.plan_source + ": sequence_whole module " + path +
+                        " must return a Tensor or a tuple whose first element is the hidden state (it returns " +
+                        out->type()->str() + ")");
+    Node* unpack = g.insertNode(g.createTupleUnpack(out));
+    std::vector<Value*> items(unpack->outputs().begin(), unpack->outputs().end());
+    items[0] = insert_op(g, "mfsdp::sp_split_whole", {items[0]}, items[0]->type());
+    Value* rebuilt = g.insertNode(g.createTuple(items))->output();
+    rebuilt->setType(out->type());
+    out->replaceAllUsesAfterNodeWith(rebuilt->node(), rebuilt);
   }
 
   void rewrite_call(Node* node, const TpStyle& style, const std::string& path) {

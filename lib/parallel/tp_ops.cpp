@@ -76,6 +76,22 @@ struct ScatterSeq : public torch::autograd::Function<ScatterSeq> {
   static variable_list backward(AutogradContext*, variable_list g) { return {all_gather_dim(*g_tp.load(), g[0], 1)}; }
 };
 
+// A sequence_whole block's input and output under sequence parallelism (tensor_parallel.cpp,
+// whole_sequence_at_call): the block runs whole on every rank, so the gradient reaching its input
+// is whole too (this rank's slice of it is all this rank's part needs), and its output's gradient
+// is gathered whole from the ranks' parts.
+struct GatherWhole : public torch::autograd::Function<GatherWhole> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return all_gather_dim(*g_tp.load(), x, seq_dim(x)); }
+  static variable_list backward(AutogradContext*, variable_list g) { return {own_chunk(g[0], seq_dim(g[0]))}; }
+};
+
+struct SplitWhole : public torch::autograd::Function<SplitWhole> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return own_chunk(x, seq_dim(x)); }
+  static variable_list backward(AutogradContext*, variable_list g) {
+    return {all_gather_dim(*g_tp.load(), g[0], seq_dim(g[0]))};
+  }
+};
+
 at::Tensor out_of_shard(const at::Tensor& ids, int64_t start, int64_t end) { return (ids < start).logical_or(ids >= end); }
 
 struct VocabReduce : public torch::autograd::Function<VocabReduce> {
@@ -98,6 +114,8 @@ at::Tensor tp_split_last(const at::Tensor& x) { return active() ? SplitLast::app
 at::Tensor sp_scatter(int64_t first, const at::Tensor& x) {
   return active() && g_sp.load() && first ? ScatterSeq::apply(x) : x;
 }
+at::Tensor sp_gather_whole(const at::Tensor& x) { return active() && g_sp.load() ? GatherWhole::apply(x) : x; }
+at::Tensor sp_split_whole(const at::Tensor& x) { return active() && g_sp.load() ? SplitWhole::apply(x) : x; }
 at::Tensor tp_vocab_reduce(const at::Tensor& y, const at::Tensor& ids, int64_t start, int64_t end) {
   return active() ? VocabReduce::apply(y, ids, start, end) : y;
 }
@@ -114,6 +132,10 @@ at::Tensor tp_split_last_plain(const at::Tensor& x) { return active() ? own_chun
 at::Tensor sp_scatter_plain(int64_t first, const at::Tensor& x) {
   return active() && g_sp.load() && first ? own_chunk(x, 1) : x;
 }
+at::Tensor sp_gather_whole_plain(const at::Tensor& x) {
+  return active() && g_sp.load() ? all_gather_dim(*g_tp.load(), x, seq_dim(x)) : x;
+}
+at::Tensor sp_split_whole_plain(const at::Tensor& x) { return active() && g_sp.load() ? own_chunk(x, seq_dim(x)) : x; }
 at::Tensor tp_vocab_reduce_plain(const at::Tensor& y, const at::Tensor& ids, int64_t start, int64_t end) {
   return active() ? all_reduced(y.masked_fill(out_of_shard(ids, start, end).unsqueeze(-1), 0)) : y;
 }
@@ -172,6 +194,8 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def(torch::schema("mfsdp::tp_gather_last(Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_split_last(Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::sp_scatter(int first, Tensor x) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::sp_gather_whole(Tensor x) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::sp_split_whole(Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_vocab_ids(Tensor ids, int start, int end) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_vocab_reduce(Tensor y, Tensor ids, int start, int end) -> Tensor", conservative));
 }
@@ -182,6 +206,8 @@ TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("tp_gather_last", mfsdp::tp_gather_last);
   m.impl("tp_split_last", mfsdp::tp_split_last);
   m.impl("sp_scatter", mfsdp::sp_scatter);
+  m.impl("sp_gather_whole", mfsdp::sp_gather_whole);
+  m.impl("sp_split_whole", mfsdp::sp_split_whole);
   m.impl("tp_vocab_reduce", mfsdp::tp_vocab_reduce);
 }
 
@@ -191,6 +217,8 @@ TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("tp_gather_last", mfsdp::tp_gather_last_plain);
   m.impl("tp_split_last", mfsdp::tp_split_last_plain);
   m.impl("sp_scatter", mfsdp::sp_scatter_plain);
+  m.impl("sp_gather_whole", mfsdp::sp_gather_whole_plain);
+  m.impl("sp_split_whole", mfsdp::sp_split_whole_plain);
   m.impl("tp_vocab_reduce", mfsdp::tp_vocab_reduce_plain);
   m.impl("tp_vocab_ids", mfsdp::tp_vocab_ids);
 }

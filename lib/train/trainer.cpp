@@ -432,13 +432,18 @@ class Trainer {
     write_file_atomically(path, kept);
   }
 
-  // One tiny forward before training: checks the model contract (forward(tokens, position_ids) ->
-  // [B, T, V] logits) with a clear message, and learns V so that batches can be checked first.
+  // One forward of one sequence before training: checks the model contract (forward(tokens,
+  // position_ids) -> [B, T, V] logits) with a clear message, and learns V so that batches can be
+  // checked first. The sequence is this rank's training length (seq_length / cp_size): a trace
+  // may hold sizes fixed at export that only fit the lengths it will train at (DeepSeek V3.2's
+  // sparse-attention indexer keeps min(index_topk, T) of the keys: a traced constant k, which a
+  // two-token probe could not select).
   int64_t probe_vocabulary() {
     at::NoGradGuard ng;
     model_->train(false);
     const auto lopt = at::TensorOptions().dtype(at::kLong).device(device_);
-    at::Tensor tokens = at::zeros({1, 2}, lopt), pos = at::arange(2, lopt).unsqueeze(0);
+    const int64_t T = std::max<int64_t>(2, cfg_.training.seq_length / cfg_.distributed.cp_size);
+    at::Tensor tokens = at::zeros({1, T}, lopt), pos = at::arange(T, lopt).unsqueeze(0);
     at::Tensor logits;
     try {
       engine_->pre_model_forward();
@@ -453,7 +458,7 @@ class Trainer {
         auto pos = what.find("RuntimeError: ");
         if (pos != std::string::npos) what = what.substr(pos + 14);
       }
-      throw UserError(cfg_.model.path + ": forward(tokens [1, 2], position_ids [1, 2]) failed; the model must follow "
+      throw UserError(cfg_.model.path + fmt::format(": forward(tokens [1, {0}], position_ids [1, {0}]) failed; the model must follow ", T) +
                       "the contract forward(tokens: int64 [B, T], position_ids: int64 [B, T]) -> logits [B, T, V]: " +
                       what.substr(0, what.find('\n')) +
                       (shape_.tp > 1 ? fmt::format(" (with tp_size {} every rank holds 1/{} of each colwise output: the "
@@ -467,7 +472,7 @@ class Trainer {
                                                        : "")
                                      : std::string()));
     }
-    if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != 2 || !logits.is_floating_point())
+    if (logits.dim() != 3 || logits.size(0) != 1 || logits.size(1) != T || !logits.is_floating_point())
       throw UserError(fmt::format("{}: forward returned a tensor of shape [{}] and dtype {}; the model contract is "
                                   "floating-point logits [B, T, V]",
                                   cfg_.model.path, fmt::join(logits.sizes(), ", "), c10::toString(logits.scalar_type())));

@@ -102,6 +102,26 @@ mfsdp_hf_run(hf_deepseek_v3_cp2_s2_n2 2 deepseek_v3 distributed.cp_size=2 distri
 mfsdp_hf_run(hf_deepseek_v3_tp2_cp2_p2p_s1_n4 4 deepseek_v3 distributed.tp_size=2 distributed.cp_size=2
              distributed.cp_comm_type=p2p distributed.zero_dp_strategy=1)
 list(APPEND hf_runs hf_deepseek_v3_tp2_sp_s3_n4 hf_deepseek_v3_cp2_s2_n2 hf_deepseek_v3_tp2_cp2_p2p_s1_n4)
+# Attention a config's plan leaves unsplit runs whole on every TP rank (sequence_whole: under SP
+# gathered whole at its input, cut back to this rank's part at its output): DiffLlama's, with its
+# MLP measured token-wise (sequence_parallel); MiniMax's lightning-attention layer, matched by the
+# glob whose softmax layer is split (gathered as that one was, it trained 1e-3 off PyTorch under
+# plain TP). GraniteSWA: layers of two TorchScript classes beside a ModuleList of rotary tables
+# (units were once the ModuleList, which has no forward).
+mfsdp_hf_run(hf_diffllama_tp2_sp_s3_n4 4 diffllama distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_minimax_tp2_s1_n2 2 minimax distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_minimax_tp2_sp_s3_n4 4 minimax distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_granite_swa_s3_n2 2 granite_swa distributed.zero_dp_strategy=3)
+list(APPEND hf_runs hf_diffllama_tp2_sp_s3_n4 hf_minimax_tp2_s1_n2 hf_minimax_tp2_sp_s3_n4 hf_granite_swa_s3_n2)
+# A split layer inside a sequence_whole block (which nothing reduces) is refused, naming it.
+add_test(NAME hf_whole_block_split_inside
+         COMMAND ${EXPECT} 2 "model.layers.0.self_attn.q_proj \\(colwise\\) lies inside a sequence_whole block" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_whole_split_inside
+                 model.path=${HFX}/diffllama.pt distributed.tp_size=2
+                 "distributed.tp_plan={\"model.layers.*.self_attn\": sequence_whole, \"model.layers.*.self_attn.q_proj\": colwise}")
+set_tests_properties(hf_whole_block_split_inside PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2)
 list(APPEND hf_runs hf_bloom_s3_n2 hf_gpt_neo_cp2_p2p_s3_n2 hf_gpt_neo_tp2_sp_s1_n4 hf_bloom_s1_n4 hf_falcon_cp2_s3_n2 hf_falcon_cp2_p2p_s0_n4 hf_mixtral_s3_n4
      hf_mixtral_cp2_s2_n2 hf_llama4_text_s2_n2 hf_olmo2_tp2_sp_s3_n4 hf_olmo2_tp2_cp2_s1_n4 hf_mixtral_tp2_s1_n2
      hf_mixtral_tp2_sp_s3_n4)

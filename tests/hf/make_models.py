@@ -63,6 +63,15 @@ MODELS = {
                     "n_routed_experts=4", "n_shared_experts=1", "num_experts_per_tok=2", "n_group=2", "topk_group=1",
                     "first_k_dense_replace=1", "kv_lora_rank=16", "q_lora_rank=24", "qk_nope_head_dim=8",
                     "qk_rope_head_dim=8", "v_head_dim=8"],
+    # Configs whose plan leaves attention unsplit: DiffLlama plans none of its layers (its
+    # differential attention runs whole on every TP rank: sequence_whole; its MLP measured token by
+    # token: sequence_parallel); MiniMax alternates softmax attention (q/k/v/o split) with
+    # lightning (linear) attention under the same layers.*.self_attn, which gets an entry of its
+    # own per layer (sequence_whole), and has an MoE in every layer.
+    "diffllama": ["--family", "diffllama", "--set", *COMMON, "num_key_value_heads=2"],
+    "minimax": ["--family", "minimax", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16", "num_local_experts=4",
+                "num_experts_per_tok=2", 'layer_types=["full_attention","linear_attention"]'],
+    "granite_swa": ["--family", "granite_swa", "--set", *COMMON, "num_key_value_heads=2"],
     # GPT-Neo: its own attention method (unscaled scores), global layers only so that CP applies.
     "gpt_neo": ["--family", "gpt_neo", "--set", "vocab_size=264", "hidden_size=64", "num_layers=2", "num_heads=4",
                 'attention_types=[[["global"],2]]', "max_position_embeddings=128"],

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Tiny copies of Hugging Face configs, for trying a family with mfsdp in seconds
+(scripts/hf_family_sweep.sh --configs DIR, or scripts/export_hf.py --model-dir DIR/NAME --random-init).
+
+    hf_shrink_config.py OUT FAMILY...          # transformers' default config of each model_type
+    hf_shrink_config.py OUT --from DIR...      # a model directory's config.json (every key kept)
+
+writes OUT/NAME/config.json. Every key of the config is kept; the sizes are cut to the sweep's
+(vocabulary 264, hidden 64, 2 layers, 4 heads, 2 key/value heads, head_dim 16, 4 experts of 32,
+2 per token), per-layer lists (layer_types, mlp_layer_types, ...) cut to the first two layers, and
+multi-head latent attention's dimensions made consistent (qk_head_dim = nope + rope, as many
+key/value heads as heads). A family whose config ties other sizes together may need a key by hand
+(export_hf.py --set KEY=VALUE, or edit the file): the export names what does not fit.
+"""
+import json
+import os
+import sys
+
+SIZES = dict(vocab_size=264, hidden_size=64, n_embd=64, d_model=64, intermediate_size=128, ffn_dim=128, n_inner=128,
+             num_hidden_layers=2, n_layer=2, num_layers=2, num_attention_heads=4, n_head=4, num_heads=4,
+             num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+             expert_intermediate_size=32, num_experts=4, n_routed_experts=4, num_local_experts=4,
+             moe_num_experts=4, num_experts_per_tok=2, moe_topk=2, moe_k=2, top_k=2, n_group=2, topk_group=1,
+             n_shared_experts=1, num_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24,
+             qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8, kv_channels=16, n_positions=128,
+             hidden_size_per_layer_input=16, vocab_size_per_layer_input=264,
+             index_head_dim=16, index_n_heads=2, index_topk=16)
+LAYERS_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+DROPPED = ("transformers_version", "architectures", "_name_or_path", "sub_configs", "auto_map")
+
+
+def shrink(d):
+    layers = next((d[k] for k in LAYERS_KEYS if isinstance(d.get(k), int)), None)
+    out = dict(d)
+    for k, v in d.items():
+        if k in SIZES and isinstance(v, int) and not isinstance(v, bool):
+            out[k] = SIZES[k]
+        elif k in ("num_experts", "n_routed_experts", "num_experts_per_tok", "n_shared_experts") and v is None \
+                and any(x in d for x in ("moe_intermediate_size", "n_routed_experts")):
+            out[k] = SIZES[k]  # an MoE config that leaves its expert counts unset (dots1)
+        elif isinstance(v, list) and layers and len(v) == layers:
+            out[k] = v[:2]
+    if out.get("qk_rope_head_dim"):  # multi-head latent attention
+        out.update(head_dim=out["qk_rope_head_dim"], qk_head_dim=out["qk_nope_head_dim"] + out["qk_rope_head_dim"],
+                   num_key_value_heads=out.get("num_attention_heads", 4))
+    if isinstance(out.get("per_layer_config"), dict):  # Gemma 4: per-layer overrides by layer index
+        out["per_layer_config"] = {"1": {"head_dim": 32}}
+    if isinstance(out.get("max_position_embeddings"), int):
+        out["max_position_embeddings"] = min(out["max_position_embeddings"], 4096)
+    for k in DROPPED:
+        out.pop(k, None)
+    return out
+
+
+def main(argv):
+    if len(argv) < 2:
+        sys.exit(__doc__)
+    out, rest = argv[0], argv[1:]
+    items = []
+    if rest[0] == "--from":
+        for d in rest[1:]:
+            path = os.path.join(d, "config.json")
+            try:
+                with open(path) as f:
+                    items.append((os.path.basename(os.path.normpath(d)), json.load(f)))
+            except (OSError, ValueError) as e:
+                sys.exit(f"hf_shrink_config: {path}: {e}")
+    else:
+        from transformers import CONFIG_MAPPING
+        for fam in rest:
+            if fam not in CONFIG_MAPPING:
+                sys.exit(f"hf_shrink_config: model type '{fam}' is not one transformers knows")
+            items.append((fam, {**CONFIG_MAPPING[fam]().to_dict(), "model_type": fam}))
+    for name, d in items:
+        if "model_type" not in d:
+            sys.exit(f"hf_shrink_config: {name}: config.json has no model_type")
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        with open(os.path.join(out, name, "config.json"), "w") as f:
+            json.dump(shrink(d), f, indent=1, default=str)
+        print(name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
