@@ -125,7 +125,7 @@ foreach(plant optimizer schedule clip loss_norm)
 endforeach()
 # An error in the comparison itself (a run that does not exist) is an error, not a difference.
 add_test(NAME oracle_expect_differ_needs_the_run
-         COMMAND ${EXPECT} 2 "reference_trainer.py: error: FileNotFoundError" --
+         COMMAND ${EXPECT} 2 "no_such_run: cannot be judged: FileNotFoundError" --
                  ${MFSDP_PYTHON} ${ORACLE} --runs ${FX}/no_such_run --expect-differ)
 # export --state names what the checkpoint's optimizer holds when asked for something else.
 add_test(NAME export_state_unknown

@@ -627,57 +627,72 @@ def main():
 
 
 def run(a):
-    cache, verdicts = {}, []
+    """Judges every run; one that cannot be judged (an unsupported config, a model the oracle cannot
+    train alike) is reported and the others still are: exit 2 then, else 1 if any differs."""
+    cache, verdicts, unjudged = {}, [], False
     for rd in a.runs:
-        cfg = numbers(yaml.safe_load(open(os.path.join(rd, "config.yaml"))))
-        why = unsupported(cfg)
-        if why:
-            print(f"{rd}: cannot be judged: {why}", file=sys.stderr)
-            return 2
-        key, mesh = relevant(cfg), mesh_of(rd)
-        layout = (key, json.dumps(mesh, sort_keys=True))
-        ref = cache.get(key) or cache.get(layout)
-        if ref is None:  # a model with dropout is judged per data-parallel layout
-            ref = reference_run(cfg, mesh)
-            cache[layout if ref["random"] else key] = ref
-        mine = {}
-        with open(os.path.join(rd, "metrics.jsonl")) as f:
-            for line in f:
-                m = json.loads(line)
-                mine[m["step"]] = m
-        steps = len(ref["loss"])
-        if sorted(mine) != list(range(1, steps + 1)):
-            print(f"{rd}: steps {sorted(mine)[:3]}... , the reference has 1..{steps}", file=sys.stderr)
-            return 2
-        bf16 = cfg["model"]["compute_dtype"] == "bf16"
-        rtol = a.bf16_rtol if bf16 else a.rtol
-        worst, at = 0.0, None
-        for s in range(1, steps + 1):
-            r, o = ref["loss"][s - 1], mine[s]["loss"]
-            rel = abs(o - r) / max(abs(r), 1e-12) if o is not None and math.isfinite(o) else math.inf
-            if rel > worst:
-                worst, at = rel, s
-        ok = worst <= rtol
-        print(f"{rd}: {steps} steps against PyTorch: max relative loss difference {worst:.2e}"
-              f"{f' at step {at}' if at else ''} ({'OK' if ok else 'FAILED'}, tolerance {rtol:g}); "
-              f"torch loss {ref['loss'][0]:.6f} -> {ref['loss'][-1]:.6f} ({ref['what']})")
-        verdicts.append(ok)
-        for fname, what, tol, tensors in (("grads.safetensors", "gradient after step 1", a.grad_rtol, ref["grads"]),
-                                          ("final.safetensors", f"weights after step {steps}", a.weight_rtol,
-                                           ref["weights"])):
-            path = os.path.join(rd, fname)
-            if not os.path.exists(path):
-                continue
-            w, name, ok, problems = compare_tensors(what, read_safetensors(path), tensors, tol)
-            print(f"{rd}: {what} of {len(tensors)} parameters against PyTorch: max relative difference {w:.2e}"
-                  f"{f' ({name})' if name else ''}{'; ' + ', '.join(problems) if problems else ''} "
-                  f"({'OK' if ok else 'FAILED'}, tolerance {tol:g})")
-            verdicts.append(ok)
+        try:
+            judged = judge(a, rd, cache, verdicts)
+        except Exception as e:
+            print(f"{rd}: cannot be judged: {type(e).__name__}: {e}", file=sys.stderr)
+            judged = False
+        unjudged = unjudged or not judged
+    if unjudged:
+        return 2
     if a.expect_differ:
         caught = bool(verdicts) and not all(verdicts)
         print(f"expected mfsdp to differ from PyTorch: {'it does' if caught else 'it does NOT'}")
         return 0 if caught else 1
     return 0 if all(verdicts) else 1
+
+
+def judge(a, rd, cache, verdicts):
+    """One run against PyTorch: prints its verdicts, appends them; False if it cannot be judged."""
+    cfg = numbers(yaml.safe_load(open(os.path.join(rd, "config.yaml"))))
+    why = unsupported(cfg)
+    if why:
+        print(f"{rd}: cannot be judged: {why}", file=sys.stderr)
+        return False
+    key, mesh = relevant(cfg), mesh_of(rd)
+    layout = (key, json.dumps(mesh, sort_keys=True))
+    ref = cache.get(key) or cache.get(layout)
+    if ref is None:  # a model with dropout is judged per data-parallel layout
+        ref = reference_run(cfg, mesh)
+        cache[layout if ref["random"] else key] = ref
+    mine = {}
+    with open(os.path.join(rd, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            mine[m["step"]] = m
+    steps = len(ref["loss"])
+    if sorted(mine) != list(range(1, steps + 1)):
+        print(f"{rd}: steps {sorted(mine)[:3]}... , the reference has 1..{steps}", file=sys.stderr)
+        return False
+    bf16 = cfg["model"]["compute_dtype"] == "bf16"
+    rtol = a.bf16_rtol if bf16 else a.rtol
+    worst, at = 0.0, None
+    for s in range(1, steps + 1):
+        r, o = ref["loss"][s - 1], mine[s]["loss"]
+        rel = abs(o - r) / max(abs(r), 1e-12) if o is not None and math.isfinite(o) else math.inf
+        if rel > worst:
+            worst, at = rel, s
+    ok = worst <= rtol
+    print(f"{rd}: {steps} steps against PyTorch: max relative loss difference {worst:.2e}"
+          f"{f' at step {at}' if at else ''} ({'OK' if ok else 'FAILED'}, tolerance {rtol:g}); "
+          f"torch loss {ref['loss'][0]:.6f} -> {ref['loss'][-1]:.6f} ({ref['what']})")
+    verdicts.append(ok)
+    for fname, what, tol, tensors in (("grads.safetensors", "gradient after step 1", a.grad_rtol, ref["grads"]),
+                                      ("final.safetensors", f"weights after step {steps}", a.weight_rtol,
+                                       ref["weights"])):
+        path = os.path.join(rd, fname)
+        if not os.path.exists(path):
+            continue
+        w, name, ok, problems = compare_tensors(what, read_safetensors(path), tensors, tol)
+        print(f"{rd}: {what} of {len(tensors)} parameters against PyTorch: max relative difference {w:.2e}"
+              f"{f' ({name})' if name else ''}{'; ' + ', '.join(problems) if problems else ''} "
+              f"({'OK' if ok else 'FAILED'}, tolerance {tol:g})")
+        verdicts.append(ok)
+    return True
 
 
 if __name__ == "__main__":
