@@ -610,7 +610,10 @@ class TensorParallelImpl final : public TensorParallel {
         throw ConfigError(a_.plan_source + ": tp_plan gives module " + path + " the style " + style.kind +
                           ", but no graph of the model calls its forward (a weight used as self." + path +
                           ".weight directly cannot get its collectives); call the module, or leave it out of the plan");
-    if (sp_) insert_sequence_scatter();
+    if (sp_) {
+      insert_sequence_scatter();
+      split_unit_side_inputs();
+    }
     detect_sharded_logits();
   }
 
@@ -1055,6 +1058,78 @@ class TensorParallelImpl final : public TensorParallel {
     Value* flag = g->insertGetAttr(g->inputs()[0], kSpFirstAttr);
     Value* split = insert_op(*g, "mfsdp::sp_scatter", {flag, x}, x->type());
     x->replaceAllUsesAfterNodeWith(split->node(), split);
+  }
+
+  // Under sequence parallelism the units' hidden state is this rank's part of the sequence, but
+  // other inputs shaped by the sequence come whole from the code before the units: Gemma 4's
+  // per-layer inputs ([B, T, D], one per layer), DeepSeek V4's token ids (hash routing). Where the
+  // layer uses such an input token by token, it must be cut like the hidden state. Each Tensor
+  // input of a block unit's graph besides the hidden state goes through mfsdp::sp_split_like,
+  // which cuts it along dim 1 when that is the whole of the hidden state's length (backward: the
+  // gradient all-gathered) and passes anything else through (masks, scalars). An input that flows
+  // into a sequence_gathered or sequence_whole block's call (the rotary cos/sin the attention
+  // reads whole), or into a module holding one or a colwise layer (the reference Llama's position
+  // ids, read beside its gathering q/k/v projections), is left whole.
+  void split_unit_side_inputs() {
+    std::set<const torch::jit::Graph*> done;
+    for (const auto& u : model_.units()) {
+      if (!u.block) continue;
+      torch::jit::Module m = submodule_at(model_.module(), u.path);
+      auto g = torch::jit::toGraphFunction(m.get_method("forward").function()).graph();
+      if (!done.insert(g.get()).second) continue;
+      Value* self = g->inputs()[0];
+      size_t hidden = 0;
+      for (size_t i = 1; i < g->inputs().size() && !hidden; ++i)
+        if (is_tensor_value(g->inputs()[i])) hidden = i;
+      if (!hidden) continue;
+      Value* like = g->inputs()[hidden];
+      Node* after = nullptr;  // the first unit's scatter, inserted first: its output is the split state
+      for (Node* n : g->block()->nodes())
+        if (n->kind() == c10::Symbol::fromQualString("mfsdp::sp_scatter") && n->input(1) == like) {
+          like = n->output();
+          after = n;
+        }
+      for (size_t i = hidden + 1; i < g->inputs().size(); ++i) {
+        Value* v = g->inputs()[i];
+        if (!is_tensor_value(v) || v->uses().empty() || reaches_block(v, self, u.path)) continue;
+        torch::jit::WithInsertPoint guard(after ? after->next() : g->block()->nodes().front());
+        Value* cut = insert_op(*g, "mfsdp::sp_split_like", {v, like}, v->type());
+        v->replaceAllUsesAfterNodeWith(cut->node(), cut);
+      }
+    }
+  }
+
+  // Whether value v of a unit's graph flows (through any ops) into the call of a sequence_gathered
+  // or sequence_whole block, or of a module that holds one or a colwise layer: code that works on
+  // the whole sequence.
+  bool reaches_block(Value* v, Value* self, const std::string& unit_path) const {
+    std::vector<Value*> todo{v};
+    std::set<Value*> seen{v};
+    while (!todo.empty()) {
+      Value* x = todo.back();
+      todo.pop_back();
+      for (const auto& use : x->uses()) {
+        Node* n = use.user;
+        if (n->kind() == c10::prim::CallMethod) {
+          if (auto rel = attr_chain(n->input(0), self)) {
+            const std::string target = child_path(unit_path, *rel);
+            for (const auto& [p, st] : a_.module_styles) {
+              const bool at_or_in = p == target || p.rfind(target + ".", 0) == 0;
+              if ((st.kind == "sequence_gathered" || st.kind == "sequence_whole") &&
+                  (at_or_in || target.rfind(p + ".", 0) == 0))
+                return true;
+              // A colwise layer gathers its input under SP: code around it in that module (the
+              // reference Llama's attention, rotary angles from position_ids) runs on the whole
+              // sequence too.
+              if ((st.kind == "colwise" || st.kind == "colwise_rep") && at_or_in) return true;
+            }
+          }
+        }
+        for (Value* o : n->outputs())
+          if (seen.insert(o).second) todo.push_back(o);
+      }
+    }
+    return false;
   }
 
   // Logits are sharded when the model's return value comes from a colwise module's call (through

@@ -116,6 +116,20 @@ at::Tensor sp_scatter(int64_t first, const at::Tensor& x) {
 }
 at::Tensor sp_gather_whole(const at::Tensor& x) { return active() && g_sp.load() ? GatherWhole::apply(x) : x; }
 at::Tensor sp_split_whole(const at::Tensor& x) { return active() && g_sp.load() ? SplitWhole::apply(x) : x; }
+// A unit's further input shaped by the whole sequence, cut like its hidden state `like` (this
+// rank's part along dim 1) when its dim 1 is the whole of like's: tensor_parallel.cpp,
+// split_unit_side_inputs. Integer inputs (token ids) are cut without autograd.
+bool cut_like(const at::Tensor& x, const at::Tensor& like) {
+  return active() && g_sp.load() && x.dim() >= 2 && like.dim() >= 2 &&
+         x.size(1) == like.size(1) * g_tp.load()->size();
+}
+at::Tensor sp_split_like(const at::Tensor& x, const at::Tensor& like) {
+  if (!cut_like(x, like)) return x;
+  return x.is_floating_point() ? ScatterSeq::apply(x) : own_chunk(x, 1);
+}
+at::Tensor sp_split_like_plain(const at::Tensor& x, const at::Tensor& like) {
+  return cut_like(x, like) ? own_chunk(x, 1) : x;
+}
 at::Tensor tp_vocab_reduce(const at::Tensor& y, const at::Tensor& ids, int64_t start, int64_t end) {
   return active() ? VocabReduce::apply(y, ids, start, end) : y;
 }
@@ -196,6 +210,7 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def(torch::schema("mfsdp::sp_scatter(int first, Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::sp_gather_whole(Tensor x) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::sp_split_whole(Tensor x) -> Tensor", conservative));
+  m.def(torch::schema("mfsdp::sp_split_like(Tensor x, Tensor like) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_vocab_ids(Tensor ids, int start, int end) -> Tensor", conservative));
   m.def(torch::schema("mfsdp::tp_vocab_reduce(Tensor y, Tensor ids, int start, int end) -> Tensor", conservative));
 }
@@ -208,6 +223,7 @@ TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("sp_scatter", mfsdp::sp_scatter);
   m.impl("sp_gather_whole", mfsdp::sp_gather_whole);
   m.impl("sp_split_whole", mfsdp::sp_split_whole);
+  m.impl("sp_split_like", mfsdp::sp_split_like);
   m.impl("tp_vocab_reduce", mfsdp::tp_vocab_reduce);
 }
 
@@ -219,6 +235,7 @@ TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("sp_scatter", mfsdp::sp_scatter_plain);
   m.impl("sp_gather_whole", mfsdp::sp_gather_whole_plain);
   m.impl("sp_split_whole", mfsdp::sp_split_whole_plain);
+  m.impl("sp_split_like", mfsdp::sp_split_like_plain);
   m.impl("tp_vocab_reduce", mfsdp::tp_vocab_reduce_plain);
   m.impl("tp_vocab_ids", mfsdp::tp_vocab_ids);
 }

@@ -317,6 +317,10 @@ class Trainer {
     engine_ = make_engine(*model_, cfg_, *pg_);  // rewrites the unit graphs: before any forward
     log(engine_->describe());
     vocab_ = probe_vocabulary();
+    // The probe may have drawn random numbers: a model traced in training mode that samples
+    // (PhiMoE's router) draws in every forward. Training starts from the seeded state, as the
+    // oracle (and a rerun) assumes.
+    torch::manual_seed(uint64_t(cfg_.training.seed) + 100003ULL * uint64_t(mesh_->group_rank(MeshGroup::kDpCp)));
     model_->train(true);
     optimizer_ = make_optimizer(cfg_.optimizer);
 

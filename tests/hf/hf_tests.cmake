@@ -114,7 +114,11 @@ mfsdp_hf_run(hf_minimax_tp2_s1_n2 2 minimax distributed.tp_size=2 distributed.ze
 mfsdp_hf_run(hf_minimax_tp2_sp_s3_n4 4 minimax distributed.tp_size=2 distributed.sequence_parallel=true
              distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_granite_swa_s3_n2 2 granite_swa distributed.zero_dp_strategy=3)
-list(APPEND hf_runs hf_diffllama_tp2_sp_s3_n4 hf_minimax_tp2_s1_n2 hf_minimax_tp2_sp_s3_n4 hf_granite_swa_s3_n2)
+# Gemma 4's per-layer inputs, whole from before the layers, cut like the hidden state under SP.
+mfsdp_hf_run(hf_gemma4_text_tp2_sp_s3_n4 4 gemma4_text distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3)
+list(APPEND hf_runs hf_diffllama_tp2_sp_s3_n4 hf_minimax_tp2_s1_n2 hf_minimax_tp2_sp_s3_n4 hf_granite_swa_s3_n2
+     hf_gemma4_text_tp2_sp_s3_n4)
 # A split layer inside a sequence_whole block (which nothing reduces) is refused, naming it.
 add_test(NAME hf_whole_block_split_inside
          COMMAND ${EXPECT} 2 "model.layers.0.self_attn.q_proj \\(colwise\\) lies inside a sequence_whole block" --

@@ -72,6 +72,11 @@ MODELS = {
     "minimax": ["--family", "minimax", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16", "num_local_experts=4",
                 "num_experts_per_tok=2", 'layer_types=["full_attention","linear_attention"]'],
     "granite_swa": ["--family", "granite_swa", "--set", *COMMON, "num_key_value_heads=2"],
+    # Gemma 4: per-layer inputs ([B, T, D] per layer, computed before the layers) that each layer
+    # multiplies in token by token: under SP cut like the hidden state (split_unit_side_inputs).
+    "gemma4_text": ["--family", "gemma4_text", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16",
+                    "hidden_size_per_layer_input=16", "vocab_size_per_layer_input=264",
+                    'layer_types=["sliding_attention","full_attention"]', "per_layer_config={}"],
     # GPT-Neo: its own attention method (unscaled scores), global layers only so that CP applies.
     "gpt_neo": ["--family", "gpt_neo", "--set", "vocab_size=264", "hidden_size=64", "num_layers=2", "num_heads=4",
                 'attention_types=[[["global"],2]]', "max_position_embeddings=128"],
