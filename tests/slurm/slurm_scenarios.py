@@ -216,8 +216,11 @@ def scenario_requeue():
 
 
 def scenario_preempt():
-    job, d = submit("preempt", overrides=["checkpoint.save_every=10"])
-    ok = wait_steps(f"{d}/run", 25)
+    # The scheduler acts every sched_interval (2 s, cluster.sh): the low job must still be running
+    # by then. A checkpoint every step slows its steps (numbers unchanged) so that its 80 steps
+    # outlast that; with a save every 10 steps it finished first under load (2026-12-05).
+    job, d = submit("preempt", overrides=["checkpoint.save_every=1"])
+    ok = wait_steps(f"{d}/run", 3)
     hi = sh("sbatch", "--parsable", "-p", "high", "--ntasks-per-node=4", "-o", f"{d}/high-%j.out",
             "--wrap", "sleep 2; echo high priority done").stdout.strip()
     state_hi = wait_job(int(hi), 120)
