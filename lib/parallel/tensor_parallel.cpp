@@ -548,7 +548,10 @@ class TensorParallelImpl final : public TensorParallel {
     return fmt::format("tensor parallel: tp_size {} (plan from {}): {} call sites rewritten, {} parameters split, this TP "
                        "rank holds {} of {} elements ({:.3f}){}; logits {}",
                        size_, a_.plan_source, rewritten_, sharded, local, global, double(local) / double(global),
-                       sp_ ? fmt::format("; sequence parallel, {} replicated parameters' gradients summed over tp", summed) : "",
+                       sp_ ? fmt::format("; sequence parallel, {} replicated parameters' gradients summed over tp{}", summed,
+                                         side_inputs_.empty() ? "" : "; units' inputs cut like the hidden state where "
+                                                                     "they span the sequence: " + join(side_inputs_, ", "))
+                           : "",
                        logits_sharded_ ? "sharded over the vocabulary (vocab-parallel cross entropy)" : "full");
   }
 
@@ -1092,6 +1095,8 @@ class TensorParallelImpl final : public TensorParallel {
       for (size_t i = hidden + 1; i < g->inputs().size(); ++i) {
         Value* v = g->inputs()[i];
         if (!is_tensor_value(v) || v->uses().empty() || reaches_block(v, self, u.path)) continue;
+        const std::string what = fmt::format("{} input {} ({})", u.class_name, i, v->debugName());
+        if (std::find(side_inputs_.begin(), side_inputs_.end(), what) == side_inputs_.end()) side_inputs_.push_back(what);
         torch::jit::WithInsertPoint guard(after ? after->next() : g->block()->nodes().front());
         Value* cut = insert_op(*g, "mfsdp::sp_split_like", {v, like}, v->type());
         v->replaceAllUsesAfterNodeWith(cut->node(), cut);
@@ -1172,6 +1177,7 @@ class TensorParallelImpl final : public TensorParallel {
   TpAssignment a_;
   std::set<std::string> called_;
   std::set<std::string> after_gather_;  // modules called after a sequence_parallel_gather one
+  std::vector<std::string> side_inputs_;  // units' inputs cut like the hidden state (split_unit_side_inputs)
   std::map<std::pair<torch::jit::Block*, Value*>, Value*> copies_;  // shared tp_copy per input
   int rewritten_ = 0;
 };
