@@ -30,7 +30,10 @@ What the file holds:
     kept, colwise_gather_output and rowwise_split_input as colwise_rep and rowwise_rep, an MoE experts
     module's moe_tp_experts (with its packed_colwise / rowwise 3-D weights) as moe_experts; GPT-2, whose
     config has none, gets BUILTIN_TP_PLANS), plus a vocab-parallel embedding and a colwise output
-    head; styles mfsdp cannot apply drop the plan, with a note;
+    head; styles mfsdp cannot apply drop the plan, with a note. For sequence parallelism: blocks
+    with split layers are sequence_gathered, norms sequence_parallel, and the layer modules the
+    plan leaves unsplit sequence_parallel where a probe finds them token-wise (an MLP) and
+    sequence_whole where they mix positions (an attention, a convolution: token_wise);
   - mfsdp/hf_export.json: the family, the class, the transformers and torch versions, and the
     config's attention window (sliding window, attention chunk, or a layer kind that is no softmax
     attention; attention_window), which mfsdp's context parallelism refuses when it is shorter than
@@ -164,7 +167,7 @@ def call_order(model, globs):
     return order
 
 
-def unplanned_layer_modules(model, plan, experts, prefix):
+def unplanned_layer_modules(model, plan, prefix):
     """Globs (layer indices as *) of the modules directly inside the model's layers (the elements of
     its ModuleLists), and the base model's other children, that hold trained parameters and that no
     plan entry covers (at, above or below them), norms and the embedding aside (their own rules
@@ -589,7 +592,7 @@ def derive_tp_plan(model):
     # token by token may keep it (sequence_parallel: its gradients summed over TP), one that mixes
     # positions (attention, a convolution) needs the whole sequence (sequence_whole: gathered at
     # its input, cut back at its output). Which is which is measured (token_wise).
-    whole, unsplit = [], unplanned_layer_modules(model, plan, experts, prefix)
+    whole, unsplit = [], unplanned_layer_modules(model, plan, prefix)
     if unsplit:
         by_token = token_wise(model, unsplit)
         for glob in unsplit:
