@@ -147,10 +147,22 @@ PLAN_SUPPLEMENTS = {
 }
 
 
+def hooked_forward(model, hooks, T=4):
+    """One forward of T tokens through the class's forward (the instance's may be the contract's),
+    without gradients and with the generator left as it was; removes `hooks` (handles) after."""
+    import torch
+    try:
+        with torch.no_grad(), torch.random.fork_rng():
+            ids = torch.arange(T).unsqueeze(0) % model.config.vocab_size
+            type(model).forward(model, input_ids=ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def call_order(model, globs):
     """The order in which one forward (4 tokens) first calls the modules inside `globs` (module-path
     globs, layer indices as *), as {glob of the module: position}."""
-    import torch
     order, hooks = {}, []
     for name, mod in model.named_modules():
         glob = re.sub(r"\.\d+\.", ".*.", name)
@@ -158,12 +170,7 @@ def call_order(model, globs):
             def first_call(m, args, glob=glob):  # returns None: the call's arguments unchanged
                 order.setdefault(glob, len(order))
             hooks.append(mod.register_forward_pre_hook(first_call))
-    try:  # the class's forward (the instance's may be the contract's); the generator left as it was
-        with torch.no_grad(), torch.random.fork_rng():
-            type(model).forward(model, input_ids=torch.zeros(1, 4, dtype=torch.long), use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
+    hooked_forward(model, hooks)
     return order
 
 
@@ -231,12 +238,7 @@ def token_wise(model, globs):
                 calls.setdefault(glob, (args, kwargs, out))
             hooks.append(mod.register_forward_hook(record, with_kwargs=True))
     T = 8
-    try:
-        with torch.no_grad(), torch.random.fork_rng():
-            type(model).forward(model, input_ids=torch.arange(T).unsqueeze(0) % model.config.vocab_size, use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
+    hooked_forward(model, hooks, T)
 
     def first_tensor(v):
         if isinstance(v, torch.Tensor):
@@ -814,12 +816,9 @@ def samples_in_training(model):
     was = model.training
     try:
         model.train()
-        with torch.no_grad(), torch.random.fork_rng():
-            type(model).forward(model, input_ids=torch.arange(8).unsqueeze(0) % model.config.vocab_size, use_cache=False)
+        hooked_forward(model, hooks, 8)
     finally:
         model.train(was)
-        for h in hooks:
-            h.remove()
     # the innermost modules that drew (a module whose child drew moved too)
     inner = [m for m in moved if m and not any(o.startswith(m + ".") for o in moved)]
     return ", ".join(sorted({re.sub(r"\.\d+\.", ".*.", m) for m in inner})[:4])

@@ -683,6 +683,14 @@ class TensorParallelImpl final : public TensorParallel {
     return nullptr;
   }
 
+  // The index of the first Tensor among a call's arguments or a graph's inputs (index 0, the
+  // module itself, skipped): the hidden state by the contract's convention; 0 if there is none.
+  static size_t first_tensor(at::ArrayRef<Value*> values) {
+    for (size_t i = 1; i < values.size(); ++i)
+      if (is_tensor_value(values[i])) return i;
+    return 0;
+  }
+
   // Which argument of the call is the activation: the input of the callee's linear (a traced
   // model with tied weights passes the weight as an argument too), else the first Tensor one.
   static size_t activation_arg(Node* call, torch::jit::Module& mod) {
@@ -691,9 +699,7 @@ class TensorParallelImpl final : public TensorParallel {
       for (size_t i = 1; i < callee_graph->inputs().size(); ++i)
         if (callee_graph->inputs()[i] == lin->input(0)) return i;
     }
-    for (size_t i = 1; i < call->inputs().size(); ++i)
-      if (is_tensor_value(call->input(i))) return i;
-    return 0;
+    return first_tensor(call->inputs());
   }
 
   // Whether module `path` lies inside a sequence_gathered block (whose call site holds the
@@ -763,9 +769,7 @@ class TensorParallelImpl final : public TensorParallel {
   // their own, and a LoRA adapter's lora_A beside them). Its rowwise output layer's tp_reduce
   // reduce-scatters under SP, so the block returns this rank's part of the sequence again.
   void gather_sequence_at_call(Node* node, const std::string& path) {
-    size_t arg = 0;
-    for (size_t i = 1; i < node->inputs().size() && !arg; ++i)
-      if (is_tensor_value(node->input(i))) arg = i;
+    const size_t arg = first_tensor(node->inputs());
     if (arg == 0) throw UserError(path + ": a sequence_gathered module must take a Tensor argument");
     torch::jit::Graph& g = *node->owningGraph();
     torch::jit::WithInsertPoint guard(node);
@@ -780,9 +784,7 @@ class TensorParallelImpl final : public TensorParallel {
   // whole on every rank. Without sequence parallelism both are the identity: the block is plain
   // replicated code, its input and output whole already.
   void whole_sequence_at_call(Node* node, const std::string& path) {
-    size_t arg = 0;
-    for (size_t i = 1; i < node->inputs().size() && !arg; ++i)
-      if (is_tensor_value(node->input(i))) arg = i;
+    const size_t arg = first_tensor(node->inputs());
     if (arg == 0) throw UserError(path + ": a sequence_whole module must take a Tensor argument");
     torch::jit::Graph& g = *node->owningGraph();
     {
@@ -1053,10 +1055,9 @@ class TensorParallelImpl final : public TensorParallel {
       }
     auto& fn = torch::jit::toGraphFunction(first.get_method("forward").function());
     auto g = fn.graph();
-    Value* x = nullptr;
-    for (size_t i = 1; i < g->inputs().size() && !x; ++i)
-      if (is_tensor_value(g->inputs()[i])) x = g->inputs()[i];
-    if (!x) throw UserError("sequence parallel: unit " + path + " takes no Tensor argument to split");
+    const size_t arg = first_tensor(g->inputs());
+    if (!arg) throw UserError("sequence parallel: unit " + path + " takes no Tensor argument to split");
+    Value* x = g->inputs()[arg];
     torch::jit::WithInsertPoint guard(g->block()->nodes().front());
     Value* flag = g->insertGetAttr(g->inputs()[0], kSpFirstAttr);
     Value* split = insert_op(*g, "mfsdp::sp_scatter", {flag, x}, x->type());
@@ -1081,9 +1082,7 @@ class TensorParallelImpl final : public TensorParallel {
       auto g = torch::jit::toGraphFunction(m.get_method("forward").function()).graph();
       if (!done.insert(g.get()).second) continue;
       Value* self = g->inputs()[0];
-      size_t hidden = 0;
-      for (size_t i = 1; i < g->inputs().size() && !hidden; ++i)
-        if (is_tensor_value(g->inputs()[i])) hidden = i;
+      const size_t hidden = first_tensor(g->inputs());
       if (!hidden) continue;
       Value* like = g->inputs()[hidden];
       Node* after = nullptr;  // the first unit's scatter, inserted first: its output is the split state

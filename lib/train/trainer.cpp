@@ -257,7 +257,7 @@ class Trainer {
     // activations around a TP region are replicated there and must be dropped alike); data- and
     // context-parallel ranks, which hold other tokens, get their own. A resumed run restores the
     // generator state saved in its checkpoint instead.
-    torch::manual_seed(uint64_t(cfg_.training.seed) + 100003ULL * uint64_t(mesh_->group_rank(MeshGroup::kDpCp)));
+    seed_generators();
     const std::string pfx = cfg_.logging.all_ranks && world_ > 1 ? fmt::format("[rank {}] ", rank_) : "";
 
     // Threads: SLURM's cpus-per-task, else what the launcher bound us to, else an equal share of
@@ -320,7 +320,7 @@ class Trainer {
     // The probe may have drawn random numbers: a model traced in training mode that samples
     // (PhiMoE's router) draws in every forward. Training starts from the seeded state, as the
     // oracle (and a rerun) assumes.
-    torch::manual_seed(uint64_t(cfg_.training.seed) + 100003ULL * uint64_t(mesh_->group_rank(MeshGroup::kDpCp)));
+    seed_generators();
     model_->train(true);
     optimizer_ = make_optimizer(cfg_.optimizer);
 
@@ -434,6 +434,12 @@ class Trainer {
       if (pos != std::string::npos && std::atoll(line.c_str() + pos + 8) <= step) kept += line + "\n";
     }
     write_file_atomically(path, kept);
+  }
+
+  // training.seed, offset by this rank's place among the data- and context-parallel ranks (TP
+  // ranks share it: see the constructor).
+  void seed_generators() {
+    torch::manual_seed(uint64_t(cfg_.training.seed) + 100003ULL * uint64_t(mesh_->group_rank(MeshGroup::kDpCp)));
   }
 
   // One forward of one sequence before training: checks the model contract (forward(tokens,

@@ -119,6 +119,16 @@ mfsdp_hf_run(hf_gemma4_text_tp2_sp_s3_n4 4 gemma4_text distributed.tp_size=2 dis
              distributed.zero_dp_strategy=3)
 list(APPEND hf_runs hf_diffllama_tp2_sp_s3_n4 hf_minimax_tp2_s1_n2 hf_minimax_tp2_sp_s3_n4 hf_granite_swa_s3_n2
      hf_gemma4_text_tp2_sp_s3_n4)
+# The run's log names the unit inputs cut like the hidden state under SP (Gemma 4's per-layer input).
+add_test(NAME hf_gemma4_side_inputs_named
+         COMMAND ${EXPECT} 0 "units' inputs cut like the hidden state where they span the sequence: Gemma4TextDecoderLayer input 5 \\(per_layer_input" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_gemma4_side_inputs
+                 model.path=${HFX}/gemma4_text.pt distributed.tp_size=2 distributed.sequence_parallel=true training.max_steps=1)
+set_tests_properties(hf_gemma4_side_inputs_named PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2)
+# scripts/hf_shrink_config.py: every key kept, sizes cut, MLA consistent, and the result exports.
+add_test(NAME hf_shrink_config COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/check_shrink_config.py
+                                       ${PROJECT_SOURCE_DIR} ${FX}/hf_shrink_config)
+set_tests_properties(hf_shrink_config PROPERTIES TIMEOUT 300)
 # A split layer inside a sequence_whole block (which nothing reduces) is refused, naming it.
 add_test(NAME hf_whole_block_split_inside
          COMMAND ${EXPECT} 2 "model.layers.0.self_attn.q_proj \\(colwise\\) lies inside a sequence_whole block" --
