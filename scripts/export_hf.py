@@ -205,16 +205,24 @@ def unplanned_layer_modules(model, plan, prefix):
     # And beside the layers, called after them on their output (DeepSeek V4's hyper-connection head
     # hc_head). One called before them sees the whole sequence anyway (the split comes at the
     # first layer) and is plain replicated.
+    # A ModuleList beside the layers (Gemma 3n's altup_unembed_projections, applied to the layers'
+    # output) counts by its elements, one glob for all of them; the layers are the list holding the
+    # most parameters.
     base, emb = getattr(model, prefix, None), model.get_input_embeddings()
-    lists = [m for m in (base.children() if base is not None else []) if isinstance(m, torch.nn.ModuleList)]
-    layer_globs = [f"{n}.*" for n, m in model.named_modules() if any(m is l for l in lists)]
-    after = [f"{prefix}.{n}" for n, c in (base.named_children() if base is not None else [])
-             if not isinstance(c, torch.nn.ModuleList) and c is not emb and not is_norm(c)
+    children = list(base.named_children()) if base is not None else []
+    lists = [(n, c) for n, c in children if isinstance(c, torch.nn.ModuleList)]
+    layers = max(lists, key=lambda nc: sum(p.numel() for p in nc[1].parameters()), default=(None, None))[0]
+    layer_globs = [f"{prefix}.{layers}.*"] if layers is not None else []
+    after = [(f"{prefix}.{n}.*" if isinstance(c, torch.nn.ModuleList) else f"{prefix}.{n}",
+              [f"{prefix}.{n}.{i}" for i in range(len(c))] if isinstance(c, torch.nn.ModuleList) else [f"{prefix}.{n}"])
+             for n, c in children
+             if n != layers and c is not emb and not is_norm(c)
              and any(p.requires_grad for p in c.parameters()) and not covered(f"{prefix}.{n}")]
     if after and layer_globs:
         order = call_order(model, [prefix])
         first_layer = min((order[g] for g in order if any(glob_re(l).fullmatch(g) for l in layer_globs)), default=None)
-        found += [m for m in after if first_layer is not None and order.get(m, -1) > first_layer]
+        found += [glob for glob, members in after
+                  if first_layer is not None and any(order.get(m, -1) > first_layer for m in members)]
     return found
 
 
@@ -269,6 +277,81 @@ def token_wise(model, globs):
         result[glob] = bool(y2 is not None and y2.shape == y.shape and torch.equal(y2[:, 1:], y[:, 1:])
                             and not torch.equal(y2[:, 0], y[:, 0]))
     return result
+
+
+def split_changes_output(model, plan, blocks):
+    """{block glob: relative difference} for the blocks (module globs holding colwise and rowwise
+    layers) whose output the plan's split changes: each module matching a glob is called again on
+    its recorded input as two TP ranks would run it (colwise layers keeping half their output
+    rows, rowwise layers half their input columns and rank 0 the bias; colwise_rep and rowwise_rep
+    layers whole, as their gathers make them) and the two partial outputs are summed. A block whose
+    code between the split layers reduces over the split features (Gemma 3n's MLP: a Gaussian
+    top-k over the whole intermediate width, its mean and deviation taken per rank under TP) gives
+    another output: split, it would train another model, silently (measured 1.2e-2 off PyTorch).
+    A block this cannot run (a split layer that is no Linear, a call that fails on half the heads)
+    is left as planned: mfsdp's own checks apply at run time."""
+    import copy
+    import torch
+    calls, hooks = {}, []
+    for name, mod in model.named_modules():
+        glob = next((b for b in blocks if glob_re(b).fullmatch(name)), None)
+        if glob:
+            def record(m, args, kwargs, out, name=name, glob=glob):
+                calls.setdefault(name, (glob, m, args, kwargs, out))
+            hooks.append(mod.register_forward_hook(record, with_kwargs=True))
+    hooked_forward(model, hooks, 8)
+
+    def first_tensor(v):
+        if isinstance(v, torch.Tensor):
+            return v
+        if isinstance(v, (tuple, list)):
+            return next((t for t in v if isinstance(t, torch.Tensor)), None)
+        return getattr(v, "last_hidden_state", None)
+    def fp32(v):  # a bf16 model's blocks are compared in fp32: its rounding is not the question
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return v.float()
+        if isinstance(v, (tuple, list)):
+            return type(v)(fp32(x) for x in v)
+        return v
+    changed = {}
+    for name, (glob, mod, args, kwargs, out) in calls.items():
+        if first_tensor(out) is None or not first_tensor(out).is_floating_point():
+            continue
+        args, kwargs = fp32(args), {k: fp32(v) for k, v in kwargs.items()}
+        styles = {}
+        for sub_name, sub in mod.named_modules():
+            path = f"{name}.{sub_name}" if sub_name else name
+            style = next((st.split(":")[0] for k, st in plan.items() if glob_re(k).fullmatch(path)), None)
+            if style in ("colwise", "rowwise"):
+                styles[sub_name] = style
+        if not styles or any(not isinstance(mod.get_submodule(n), torch.nn.Linear) for n in styles):
+            continue
+        parts = []
+        try:
+            with torch.no_grad(), torch.random.fork_rng():
+                full = first_tensor(copy.deepcopy(mod).float().eval()(*args, **kwargs))  # no dropout
+            for r in range(2):
+                shard = copy.deepcopy(mod).float().eval()
+                for sub_name, style in styles.items():
+                    lin = shard.get_submodule(sub_name)
+                    w = lin.weight.detach()
+                    if w.shape[0 if style == "colwise" else 1] % 2:
+                        raise ValueError("odd size")
+                    lin.weight = torch.nn.Parameter(w.chunk(2, 0 if style == "colwise" else 1)[r].clone())
+                    if lin.bias is not None:
+                        b = lin.bias.detach()
+                        lin.bias = (torch.nn.Parameter(b.chunk(2)[r].clone()) if style == "colwise"
+                                    else (lin.bias if r == 0 else None))
+                with torch.no_grad(), torch.random.fork_rng():
+                    parts.append(first_tensor(shard(*args, **kwargs)))
+        except Exception:  # half the heads do not fit this module's code: no verdict
+            continue
+        if full is None or any(p is None or p.shape != full.shape for p in parts):
+            continue
+        diff = ((parts[0] + parts[1]) - full).abs().max().item() / (full.abs().max().item() + 1e-30)
+        if diff > 1e-4:
+            changed[glob] = max(diff, changed.get(glob, 0.0))
+    return changed
 
 
 def checkpoint_layout(model):
@@ -384,6 +467,88 @@ def traceable_scatter():
         yield
     finally:
         torch.Tensor.scatter = saved
+
+
+class _SizesFromTensor(list):
+    """A list of ints that Tensor.tolist returned within traceable_split_sizes, with the tensor."""
+
+
+@contextlib.contextmanager
+def traceable_split_sizes():
+    """Within the block, splitting a tensor by sizes that came from a 1-D integer tensor's tolist()
+    (JetMoE's tokens per expert: gates.sum(0).tolist(), then inputs.split(expert_size)), which the
+    trace would record as constants (the trace batch's counts, wrong for any other batch), splits
+    at that tensor's running sums instead: aten::tensor_split with the indices as a traced value
+    (moved to the CPU, where tensor_split reads them): the same pieces for every batch."""
+    import torch
+    saved_tolist, saved_split = torch.Tensor.tolist, torch.Tensor.split
+
+    def tolist(self):
+        out = saved_tolist(self)
+        if isinstance(out, list) and self.dim() == 1 and not self.is_floating_point() and not self.is_complex():
+            out = _SizesFromTensor(out)
+            out.tensor = self
+        return out
+
+    def split(self, split_size, dim=0):
+        if isinstance(split_size, _SizesFromTensor):
+            return self.tensor_split(split_size.tensor.cumsum(0)[:-1].cpu(), dim)
+        return saved_split(self, split_size, dim)
+
+    torch.Tensor.tolist, torch.Tensor.split = tolist, split
+    try:
+        yield
+    finally:
+        torch.Tensor.tolist, torch.Tensor.split = saved_tolist, saved_split
+
+
+@contextlib.contextmanager
+def every_expert_loops(model):
+    """Within the block, the experts modules that loop over the experts their tokens hit
+    (`expert_hit = greater(expert_mask.sum(...), 0).nonzero()`, then `for expert_idx in expert_hit`:
+    DBRX, LongCat-Flash; transformers' other families dispatch to grouped_mm, a trace of which
+    holds no loop) see every expert as hit: a trace unrolls that loop once per expert the tracing
+    batch happened to reach, and another batch reaching fewer fails (DBRX: "Expected 4 elements in a
+    list but found 1") or reaching others loses them. The first num_experts entries of that
+    comparison are true; the routing itself (which tokens each expert takes) stays traced, and an
+    expert without tokens computes on none. A sentinel class past num_experts keeps its own test."""
+    import inspect
+    import torch
+    saved, patched = torch.greater, []
+
+    def looping(m):
+        try:
+            src = inspect.getsource(type(m).forward)
+        except (OSError, TypeError):
+            return False
+        return "expert_hit" in src and ".nonzero(" in src and not hasattr(type(m), "_apply_gate")
+
+    for m in model.modules():
+        if not looping(m):
+            continue
+        n = getattr(m, "total_experts", None) or getattr(m, "num_experts", None)
+        if not isinstance(n, int):
+            continue
+        original = m.forward
+
+        def forward(*args, _n=n, _original=original, **kwargs):
+            def greater(a, b, *rest, **kw):
+                if isinstance(b, (int, float)) and b == 0 and not rest and not kw and a.dim() == 1 \
+                        and not a.is_floating_point() and a.shape[0] >= _n:
+                    return torch.cat([torch.ones_like(a[:_n], dtype=torch.bool), saved(a[_n:], b)])
+                return saved(a, b, *rest, **kw)
+            torch.greater = greater
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                torch.greater = saved
+        m.forward = forward
+        patched.append(m)
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.forward
 
 
 def check_inlined_gradients(model, traced, tokens, pos, used):
@@ -522,6 +687,13 @@ def derive_tp_plan(model):
     blocks = {b for b in blocks if not any(e.startswith(b + ".") for e in experts)}
     for blk in sorted(blocks):
         plan.setdefault(f"{prefix}.{blk}", "sequence_gathered")
+    # A block whose output the split changes keeps its layers whole (split_changes_output); it is
+    # then an unplanned module of the layers, sequence_parallel or sequence_whole below.
+    unfaithful = split_changes_output(model, plan, [f"{prefix}.{b}" for b in blocks]) if blocks else {}
+    for glob in unfaithful:
+        for k in [k for k in plan if k == glob or k.startswith(glob + ".")]:
+            del plan[k]
+        blocks.discard(glob[len(prefix) + 1:])
     # A block's glob may match a module of another kind in some layers (MiniMax's self_attn: softmax
     # attention with split q/k/v/o in some layers, linear attention with nothing split in others).
     # Gathered without a rowwise output, such a module would hand its whole output on, its input
@@ -626,7 +798,10 @@ def derive_tp_plan(model):
     emb_name = next(n for n, m in model.named_modules() if m is emb)
     plan[emb_name] = "vocab_parallel"
     head = trained_copy(model.get_output_embeddings())
-    if head is not None and isinstance(head, __import__("torch").nn.Linear):
+    # A plain Linear head only: one that does more with its logits (Dory's learned per-token logit
+    # scale, a parameter of the vocabulary's size) would meet them split over the vocabulary.
+    linear = __import__("torch").nn.Linear
+    if head is not None and isinstance(head, linear) and type(head).forward is linear.forward:
         head_name = next(n for n, m in model.named_modules() if m is head)
         plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
     plan = {**front, **plan}  # first matching entry wins: the odd layers' own entries first
@@ -636,6 +811,9 @@ def derive_tp_plan(model):
     if kept_whole:
         origin += (f"; {', '.join(kept_whole)} kept whole on every TP rank (replicated code with parameters between "
                    "colwise_gather_output layers; sequence_whole)")
+    if unfaithful:
+        origin += "; " + ", ".join(f"{g} kept unsplit (its output under the split differs by {d:.1e}: it reduces over "
+                                   "the split features)" for g, d in sorted(unfaithful.items()))
     whole += [m for m, st in front.items() if st == "sequence_whole"]
     if whole:
         origin += f"; {', '.join(whole)} unsplit, mixing positions: whole on every TP rank (sequence_whole)"
@@ -1045,7 +1223,8 @@ def main(argv=None):
     tokens = torch.randint(0, V, (2, T), generator=g)
     pos = torch.arange(T).unsqueeze(0).expand(2, T).contiguous()
     inlined = set()
-    with torch.no_grad(), inline_autograd_functions(inlined), traceable_scatter():
+    with torch.no_grad(), inline_autograd_functions(inlined), traceable_scatter(), traceable_split_sizes(), \
+            every_expert_loops(model):
         traced = torch.jit.trace(model, (tokens, pos), check_trace=False)
         # Another batch size and length than traced: a size the trace baked in shows here. With
         # dropout (training mode) both start from one generator state: the same masks.

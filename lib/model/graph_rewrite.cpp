@@ -3,6 +3,8 @@
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 
+#include <map>
+#include <regex>
 #include <set>
 
 #include "util/error.h"
@@ -190,6 +192,14 @@ int instrument_units(Model& model, bool checkpoint_activations) {
     m.register_attribute(kUnitAttr, c10::IntType::get(), int64_t(u));
     unit_paths.insert(unit.path);
     const c10::ClassType* type = m.type().get();
+    for (const auto& repeat : model.traced_repeats())
+      if (repeat.rfind(unit.path + ".forward", 0) == 0 && repeat.find('.', unit.path.size() + 1) == std::string::npos)
+        throw UserError("FSDP unit " + unit.path + " is called more than once per forward, and torch.jit.trace "
+                        "recorded a later call as another graph than its forward (" + repeat +
+                        ": other operations or constants, such as shapes the trace baked in): mfsdp gathers and "
+                        "frees a unit's weights around its forward only. Trace the model so that every call records "
+                        "the same graph (equal shapes and arguments), or choose units that hold both calls "
+                        "(distributed.megatron_fsdp_unit_modules)");
     if (rewritten.insert(type).second) rewrite_forward(m, unit.path);
   }
   // Other instances of a rewritten type run the same graph: they read -1 and the ops do nothing.
@@ -219,6 +229,82 @@ int instrument_units(Model& model, bool checkpoint_activations) {
     throw UserError("activation_checkpointing: no call of a unit was found in the model's graphs (units: " +
                     model.units().front().path + ", ...)");
   return replaced;
+}
+
+namespace {
+// A graph's text without source locations and without the shapes a trace annotates its tensor
+// types with (Float(2, 16, strides=[16, 1], ...) -> Float: annotations the executor specializes
+// again; sizes the code computes with are constants or size() nodes, which stay), its values
+// renamed %0, %1, ... in order of first appearance: two traces of the same code give one text
+// (a norm applied to the queries and to the fewer key heads, too).
+std::string canonical_text(const std::shared_ptr<torch::jit::Graph>& g) {
+  static const std::regex value_name(R"(%[A-Za-z0-9_.]+)");
+  // A type follows ": " or opens a tuple's element; aten::Int(%x) (after "::") is a call.
+  static const std::regex tensor_annotation(R"(([ (\[,])(Float|Double|Half|BFloat16|Long|Int|Short|Char|Byte|Bool)\([^()]*\))");
+  const std::string text =
+      std::regex_replace(g->toString(/*print_source_locations=*/false), tensor_annotation, "$1$2");
+  std::map<std::string, std::string> names;
+  std::string out;
+  auto it = std::sregex_iterator(text.begin(), text.end(), value_name);
+  size_t last = 0;
+  for (; it != std::sregex_iterator(); ++it) {
+    out.append(text, last, size_t(it->position()) - last);
+    auto [pos, fresh] = names.emplace(it->str(), "%" + std::to_string(names.size()));
+    out += pos->second;
+    last = size_t(it->position() + it->length());
+  }
+  out.append(text, last, std::string::npos);
+  return out;
+}
+
+bool is_repeat_name(const std::string& name) {
+  return name.size() > 7 && name.rfind("forward", 0) == 0 &&
+         std::all_of(name.begin() + 7, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+void redirect_calls(torch::jit::Block* b, const std::set<std::pair<const c10::ClassType*, std::string>>& same,
+                    int& n) {
+  for (torch::jit::Node* node : b->nodes()) {
+    for (torch::jit::Block* sub : node->blocks()) redirect_calls(sub, same, n);
+    if (node->kind() != c10::prim::CallMethod) continue;
+    auto cls = node->input(0)->type()->cast<c10::ClassType>();
+    if (cls && same.count({cls.get(), node->s(c10::attr::name)})) {
+      node->s_(c10::attr::name, "forward");
+      ++n;
+    }
+  }
+}
+}  // namespace
+
+TracedRepeats unify_traced_repeats(torch::jit::Module& root) {
+  TracedRepeats result;
+  std::vector<std::pair<std::string, torch::jit::Module>> modules;
+  for (const auto& nm : root.named_modules()) modules.emplace_back(nm.name, nm.value);
+  std::set<std::pair<const c10::ClassType*, std::string>> same;
+  std::set<const c10::ClassType*> done;
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {  // children before their parents
+    torch::jit::Module& m = it->second;
+    const c10::ClassType* type = m.type().get();
+    if (!done.insert(type).second) continue;
+    for (torch::jit::Function* f : m.type()->methods())
+      redirect_calls(torch::jit::toGraphFunction(*f).graph()->block(), same, result.unified);
+    if (!m.find_method("forward")) continue;
+    std::string forward_text;
+    for (torch::jit::Function* f : m.type()->methods()) {
+      if (!is_repeat_name(f->name())) continue;
+      if (forward_text.empty()) forward_text = canonical_text(torch::jit::toGraphFunction(m.get_method("forward").function()).graph());
+      if (canonical_text(torch::jit::toGraphFunction(*f).graph()) == forward_text)
+        same.insert({type, f->name()});
+      else
+        result.differing.push_back((it->first.empty() ? "" : it->first + ".") + f->name());
+    }
+  }
+  // A type shared by modules at several depths was walked once, maybe before all of its callees
+  // were compared: one more pass over every graph.
+  for (const auto& [name, m] : modules)
+    for (torch::jit::Function* f : m.type()->methods())
+      redirect_calls(torch::jit::toGraphFunction(*f).graph()->block(), same, result.unified);
+  return result;
 }
 
 }  // namespace mfsdp

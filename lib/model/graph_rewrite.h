@@ -34,6 +34,21 @@ int rewrite_nodes(torch::jit::Module& root, const std::set<c10::Symbol>& kinds,
 // Calls traced in evaluation (train false, dropout_p 0) stay off. Returns the calls rewritten.
 int dropout_follows_mode(torch::jit::Module& root);
 
+// torch.jit.trace gives a module called more than once per forward a method per call: forward,
+// forward1, forward2, ... (the layer a looped model such as Dory runs twice, a norm applied to two
+// tensors). Every rewrite of mfsdp follows calls of `forward` (units' pre/post ops, TP call sites,
+// CP's attention, the fused kernels), so a second call would escape them: under strategy 3 it
+// would run on freed weights, under CP its attention would see this rank's tokens only. A method
+// forwardN whose graph is forward's (the same nodes, types and constants; values named apart) has
+// its calls pointed at forward. Bottom-up, so that a layer whose submodules' repeated calls were
+// unified compares equal in turn. Returns {calls redirected, "path.forwardN" of the modules whose
+// repeated calls differ from forward (left as traced)}.
+struct TracedRepeats {
+  int unified = 0;
+  std::vector<std::string> differing;
+};
+TracedRepeats unify_traced_repeats(torch::jit::Module& root);
+
 // Whether a graph value is a Tensor (not a list, tuple, scalar or module).
 bool is_tensor_value(const torch::jit::Value* v);
 

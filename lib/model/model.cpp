@@ -12,6 +12,7 @@
 #include "model/fast_ops.h"
 #include "model/graph_rewrite.h"
 #include "model/skeleton_load.h"
+#include "parallel/tp_ops.h"
 #include "util/error.h"
 #include "util/strings.h"
 
@@ -83,6 +84,15 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   }
   if (!m.module_.find_method("forward"))
     throw UserError(path + ": the TorchScript module has no forward method");
+  // Repeated calls of a module traced as methods of their own (forward1, ...): pointed at forward
+  // where they are the same graph, before any rewrite looks for calls of forward (graph_rewrite.h).
+  {
+    const TracedRepeats rep = unify_traced_repeats(m.module_);
+    if (rep.unified > 0)
+      m.load_note_ += fmt::format("{}{} repeated call(s) of traced modules pointed at their forward",
+                                  m.load_note_.empty() ? "" : "; ", rep.unified);
+    m.traced_repeats_ = rep.differing;
+  }
   // Dropout traced in training (export_hf.py --dropout config, or a trace by hand) is made to follow
   // train()/eval(), so that validation runs without it; before any call (graph_rewrite.h).
   if (const int n = dropout_follows_mode(m.module_); n > 0)
@@ -193,6 +203,7 @@ int64_t ModelParam::global_numel() const {
 }
 
 at::Tensor Model::forward(const at::Tensor& tokens, const at::Tensor& position_ids) {
+  set_sequence_length(tokens.dim() >= 2 ? tokens.size(1) : 0);
   c10::IValue out = module_.forward({tokens, position_ids});
   if (!out.isTensor())
     throw UserError(path_ + ": forward must return the logits tensor [B, T, V] (model contract), got " +
@@ -328,6 +339,18 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
         by_class[cls].push_back(nm.name.empty() ? child.name : nm.name + "." + child.name);
         leaf[cls] = child.value.named_children().size() == 0;
       }
+      // The elements of a container of layers (a ModuleList) of more than one class are one group:
+      // a hybrid model's layers (OLMo-Hybrid's linear- and full-attention decoder layers, in any
+      // ratio) are all blocks; grouped by class, only the weightier class would be units and the
+      // others' parameters would stay gathered for the whole step under strategy 3, outside the
+      // blocks that sequence parallelism splits. The key "" cannot be a class name.
+      if (!nm.value.find_method("forward") && by_class.size() > 1 &&
+          std::none_of(by_class.begin(), by_class.end(), [&](const auto& c) { return leaf[c.first]; })) {
+        for (const auto& child : nm.value.named_children())
+          if (child.value.find_method("forward"))
+            by_class[""].push_back(nm.name.empty() ? child.name : nm.name + "." + child.name);
+        leaf[""] = false;
+      }
       for (const auto& [cls, paths] : by_class) {
         if (paths.size() < 2) continue;
         if (leaf[cls] && !best_leaf) continue;
@@ -341,6 +364,10 @@ std::string Model::find_units(const std::optional<std::vector<std::string>>& pat
           best_params = nparams;
           chosen.clear();
           for (const auto& path : paths) chosen.emplace_back(path, cls);
+          if (cls.empty())  // the mixed group: each unit its own class
+            for (auto& c : chosen)
+              for (const auto& child : modules)
+                if (child.name == c.first) c.second = unqualified_class_name(child.value);
         }
       }
     }

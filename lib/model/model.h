@@ -49,6 +49,9 @@ class Model {
   bool loaded_on_meta() const { return on_meta_; }
   // What the load did, for the log ("" for a normal load).
   const std::string& load_note() const { return load_note_; }
+  // "path.forwardN" of modules called more than once per forward whose traced calls differ from
+  // their forward (graph_rewrite.h, unify_traced_repeats): rewrites of forward do not reach them.
+  const std::vector<std::string>& traced_repeats() const { return traced_repeats_; }
   c10::Device device() const { return device_; }
 
   torch::jit::Module& module() { return module_; }
@@ -124,6 +127,7 @@ class Model {
   std::vector<ModelUnit> units_;
   bool on_meta_ = false;
   std::string load_note_;
+  std::vector<std::string> traced_repeats_;
   c10::Device device_{c10::kCPU};
   std::string stored_tp_plan_;
   std::string stored_trainable_;

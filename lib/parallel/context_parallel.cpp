@@ -591,6 +591,17 @@ class ContextParallelImpl final : public ContextParallel {
       else
         replace_calls(fn.graph()->block(), core_types, nm.name);
     }
+    // Repeated calls the trace recorded as graphs of their own that differ from forward
+    // (graph_rewrite.h, unify_traced_repeats): their attention is replaced too.
+    for (const std::string& repeat : model.traced_repeats()) {
+      const size_t dot = repeat.rfind('.');
+      const std::string path = dot == std::string::npos ? "" : repeat.substr(0, dot);
+      const std::string method = dot == std::string::npos ? repeat : repeat.substr(dot + 1);
+      torch::jit::Module m = path.empty() ? model.module() : submodule_at(model.module(), path);
+      auto& fn = torch::jit::toGraphFunction(m.get_method(method).function());
+      if (core_types.empty()) replace_sdpa(fn.graph()->block(), repeat);
+      else replace_calls(fn.graph()->block(), core_types, path);
+    }
     if (core_types.empty() && replaced_ == 0)
       throw ConfigError(cfg.where("distributed.core_attention_modules") +
                         ": distributed.cp_size > 1 replaces the model's attention core, and distributed.core_attention_modules [" +

@@ -602,6 +602,18 @@ class TensorParallelImpl final : public TensorParallel {
       instances[nm.value.type().get()].push_back(nm.name);
       any_instance.emplace(nm.value.type().get(), nm.value);
     }
+    // A module called more than once per forward whose later calls the trace recorded as other
+    // graphs (graph_rewrite.h, unify_traced_repeats) would escape the call-site rewrite below.
+    for (const std::string& repeat : model_.traced_repeats()) {
+      const std::string path = repeat.substr(0, repeat.rfind('.'));
+      for (const auto& [split, style] : a_.module_styles)
+        if (style_splits_weight(style.kind) && (split == path || split.rfind(path + ".", 0) == 0 || path.empty()))
+          throw ConfigError(a_.plan_source + ": module " + split + " (" + style.kind + ") is called inside " + repeat +
+                            ", a repeated call that torch.jit.trace recorded as another graph than the module's forward "
+                            "(other operations or constants): tensor parallelism rewrites the calls of forward only. "
+                            "Trace the model so that each call of a module is one graph (equal shapes), or leave " +
+                            split + " out of the plan");
+    }
     for (auto& [type, paths] : instances) {
       torch::jit::Module m = any_instance.at(type);
       if (!m.find_method("forward")) continue;

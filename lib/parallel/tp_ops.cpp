@@ -6,15 +6,20 @@
 
 #include <atomic>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "comm/communicator.h"
 #include "comm/flight_recorder.h"
 #include "parallel/cross_entropy.h"
+#include "util/error.h"
 
 namespace mfsdp {
 namespace {
 
 std::atomic<Communicator*> g_tp{nullptr};
 std::atomic<bool> g_sp{false};
+std::atomic<int64_t> g_seq_len{0};
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -72,7 +77,16 @@ struct SplitLast : public torch::autograd::Function<SplitLast> {
 };
 
 struct ScatterSeq : public torch::autograd::Function<ScatterSeq> {
-  static at::Tensor forward(AutogradContext*, const at::Tensor& x) { return own_chunk(x, 1); }
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x) {
+    const int64_t t = g_seq_len.load();
+    if (x.dim() < 2 || (t > 0 && x.size(1) != t))
+      throw UserError(fmt::format(
+          "distributed.sequence_parallel cuts the first block's input along dim 1, the sequence ({} tokens), but "
+          "this model's first block takes a tensor shaped {}, whose dim 1 is not the sequence: sequence "
+          "parallelism does not apply to this model (tensor parallelism without it does)",
+          t, fmt::join(x.sizes(), " x ")));
+    return own_chunk(x, 1);
+  }
   static variable_list backward(AutogradContext*, variable_list g) { return {all_gather_dim(*g_tp.load(), g[0], 1)}; }
 };
 
@@ -158,6 +172,8 @@ at::Tensor tp_vocab_ids(const at::Tensor& ids, int64_t start, int64_t end) {
 }
 
 }  // namespace
+
+void set_sequence_length(int64_t tokens_dim1) { g_seq_len.store(tokens_dim1); }
 
 void set_tp_context(Communicator* tp, bool sequence_parallel) {
   g_tp.store(tp);

@@ -25,6 +25,11 @@ class Communicator;
 // The TP group and mode the ops use (one per process); nullptr: every op is the identity.
 void set_tp_context(Communicator* tp, bool sequence_parallel);
 
+// The sequence length of the batch the model runs (its tokens' dim 1; Model::forward sets it):
+// sp_scatter refuses a first block input whose dim 1 is something else (Gemma 3n's layers take
+// [altup inputs, B, T, H]: cut along dim 1, the model would train on another thing, silently).
+void set_sequence_length(int64_t tokens_dim1);
+
 // Cross entropy over logits sharded along the vocabulary: logits [N, V/tp] hold the columns
 // [vocab_start, vocab_start + V/tp) of the full logits. Returns the per-token loss [N] (identical
 // on every TP rank), with max and sum-exp reduced across the group; the full [N, V] logits never

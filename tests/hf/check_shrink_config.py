@@ -14,8 +14,8 @@ import sys
 
 src, work = sys.argv[1], sys.argv[2]
 py = sys.executable
-subprocess.run([py, os.path.join(src, "scripts/hf_shrink_config.py"), work, "llama", "deepseek_v3"], check=True,
-               stdout=subprocess.DEVNULL)
+subprocess.run([py, os.path.join(src, "scripts/hf_shrink_config.py"), work, "llama", "deepseek_v3", "olmo_hybrid",
+                "zaya"], check=True, stdout=subprocess.DEVNULL)
 from transformers import CONFIG_MAPPING  # noqa: E402
 
 bad = []
@@ -40,7 +40,18 @@ p = subprocess.run([py, os.path.join(src, "scripts/export_hf.py"), "--model-dir"
                     "--random-init", "--out", os.path.join(work, "deepseek_v3.pt")], capture_output=True, text=True)
 if p.returncode != 0:
     bad.append("export_hf.py of the shrunk deepseek_v3 failed: " + p.stderr.strip().splitlines()[-1])
+# The kept layers hold every kind the config names (OLMo-Hybrid: linear attention, then its first
+# full attention); a top-k is never raised (ZAYA allows one expert per token); special token ids
+# fall inside the cut vocabulary.
+oh = json.load(open(os.path.join(work, "olmo_hybrid", "config.json")))
+if sorted(oh["layer_types"]) != ["full_attention", "linear_attention"]:
+    bad.append(f"olmo_hybrid: kept layer types {oh['layer_types']}, expected one linear and one full attention")
+if oh.get("pad_token_id") is not None and oh["pad_token_id"] >= 264:
+    bad.append(f"olmo_hybrid: pad_token_id {oh['pad_token_id']} outside the vocabulary of 264")
+zy = json.load(open(os.path.join(work, "zaya", "config.json")))
+if zy.get("num_experts_per_tok") != CONFIG_MAPPING["zaya"]().num_experts_per_tok:
+    bad.append(f"zaya: num_experts_per_tok {zy.get('num_experts_per_tok')} changed from the default's")
 for b in bad:
     print("FAIL", b)
-print("ok   hf_shrink_config.py: keys kept, sizes cut, MLA consistent, the result exports" if not bad else "")
+print("ok   hf_shrink_config.py: keys kept, sizes cut, MLA consistent, layer kinds kept, top-k and token ids in range, the result exports" if not bad else "")
 sys.exit(1 if bad else 0)

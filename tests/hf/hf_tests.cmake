@@ -119,6 +119,25 @@ mfsdp_hf_run(hf_gemma4_text_tp2_sp_s3_n4 4 gemma4_text distributed.tp_size=2 dis
              distributed.zero_dp_strategy=3)
 list(APPEND hf_runs hf_diffllama_tp2_sp_s3_n4 hf_minimax_tp2_s1_n2 hf_minimax_tp2_sp_s3_n4 hf_granite_swa_s3_n2
      hf_gemma4_text_tp2_sp_s3_n4)
+# A block whose output the plan's split would change stays unsplit (Gemma 3n's MLP, its Gaussian
+# top-k over the intermediate width); SP refuses layers whose input's dim 1 is not the sequence.
+# OLMo-Hybrid's layers of two classes are all units (TP + SP splits each). JetMoE's experts split
+# by a traced tensor of token counts.
+mfsdp_hf_run(hf_gemma3n_text_tp2_s1_n2 2 gemma3n_text distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_olmo_hybrid_tp2_sp_s3_n4 4 olmo_hybrid distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_jetmoe_s3_n2 2 jetmoe distributed.zero_dp_strategy=3)
+# Dory's layer run twice per forward, under strategy 3 with CP, and under TP; DBRX's expert loop.
+mfsdp_hf_run(hf_dory_cp2_s3_n2 2 dory distributed.cp_size=2 distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_dory_tp2_s1_n2 2 dory distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_dbrx_s3_n2 2 dbrx distributed.zero_dp_strategy=3)
+list(APPEND hf_runs hf_gemma3n_text_tp2_s1_n2 hf_olmo_hybrid_tp2_sp_s3_n4 hf_jetmoe_s3_n2 hf_dory_cp2_s3_n2
+     hf_dory_tp2_s1_n2 hf_dbrx_s3_n2)
+add_test(NAME hf_gemma3n_sp_refused
+         COMMAND ${EXPECT} 2 "whose dim 1 is not the sequence: sequence parallelism does not apply" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_gemma3n_sp_refused
+                 model.path=${HFX}/gemma3n_text.pt distributed.tp_size=2 distributed.sequence_parallel=true training.max_steps=1)
+set_tests_properties(hf_gemma3n_sp_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 2)
 # The run's log names the unit inputs cut like the hidden state under SP (Gemma 4's per-layer input).
 add_test(NAME hf_gemma4_side_inputs_named
          COMMAND ${EXPECT} 0 "units' inputs cut like the hidden state where they span the sequence: Gemma4TextDecoderLayer input 5 \\(per_layer_input" --
@@ -582,3 +601,13 @@ foreach(knob "gemma;none;2 ${G}, 5 ${R}, 0 ${S}, 4 ${P}"
                    training.max_steps=1)
   set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120 ENVIRONMENT "${var}=off")
 endforeach()
+# A unit called twice per forward whose second call the trace recorded as another graph (forward1:
+# another constant) is refused, naming the call; one whose calls are one graph trains (Dory above).
+add_test(NAME hf_repeat_model COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_repeat_model.py ${FX}/repeat.pt)
+set_tests_properties(hf_repeat_model PROPERTIES FIXTURES_SETUP repeat_model)
+add_test(NAME hf_repeat_unit_refused
+         COMMAND ${EXPECT} 2 "FSDP unit block is called more than once per forward.*block.forward1" --
+                 ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_repeat_unit_refused
+                 model.path=${FX}/repeat.pt distributed.zero_dp_strategy=3 "distributed.megatron_fsdp_unit_modules=[block]"
+                 training.max_steps=1)
+set_tests_properties(hf_repeat_unit_refused PROPERTIES FIXTURES_REQUIRED "train;repeat_model" PROCESSORS 2)

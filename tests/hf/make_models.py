@@ -77,6 +77,39 @@ MODELS = {
     "gemma4_text": ["--family", "gemma4_text", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16",
                     "hidden_size_per_layer_input=16", "vocab_size_per_layer_input=264",
                     'layer_types=["sliding_attention","full_attention"]', "per_layer_config={}"],
+    # Gemma 3n: its MLP's Gaussian top-k (activation sparsity, layer 0 here) takes the mean and
+    # deviation over the whole intermediate width: split by its colwise plan it would compute them
+    # per TP rank (measured 1.2e-2 off PyTorch); export_hf.py finds that the split changes the
+    # block's output and keeps the MLPs unsplit. Its layers take [altup inputs, B, T, H]: SP, which
+    # cuts dim 1, refuses it.
+    "gemma3n_text": ["--family", "gemma3n_text", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16",
+                     "hidden_size_per_layer_input=16", "vocab_size_per_layer_input=264", "laurel_rank=8",
+                     "num_kv_shared_layers=0", 'layer_types=["sliding_attention","full_attention"]',
+                     "activation_sparsity_pattern=[0.95,0.0]", "intermediate_size=[128,128]"],
+    # OLMo-Hybrid: decoder layers of two classes (gated delta-net linear attention, then softmax
+    # attention with q/k norms over all heads), all of them units (model.cpp, find_units).
+    "olmo_hybrid": ["--family", "olmo_hybrid", "--set", *COMMON, "num_key_value_heads=2",
+                    'layer_types=["linear_attention","full_attention"]', "linear_num_key_heads=2",
+                    "linear_num_value_heads=4", "linear_key_head_dim=16", "linear_value_head_dim=16", "pad_token_id=0",
+                    "eos_token_id=1"],
+    # JetMoE: tokens per expert as a Python list (tolist) that splits the sorted tokens, traced as
+    # the running sums of that tensor (export_hf.py, traceable_split_sizes).
+    "jetmoe": ["--family", "jetmoe", "--set", "vocab_size=264", "hidden_size=64", "intermediate_size=128",
+               "num_hidden_layers=2", "num_key_value_heads=2", "kv_channels=16", "num_local_experts=4",
+               "num_experts_per_tok=2"],
+    # Dory: its middle layer runs twice per forward (recurrent loops), which torch.jit.trace records
+    # as the layer's forward and forward1: mfsdp points the repeated call at forward (model.cpp,
+    # unify_traced_repeats), else strategy 3 ran it on freed weights and CP left its attention local.
+    # Its output head scales the logits by a parameter of the vocabulary's size: no colwise head.
+    "dory": ["--family", "dory", "--set", "vocab_size=264", "hidden_size=64", "intermediate_size=128",
+             "num_hidden_layers=3", "num_attention_heads=4", "num_key_value_heads=2", "head_dim=16",
+             "n_input_layers=1", "n_recurrent_layers=1", "n_output_layers=1", "n_recurrent_loops=2"],
+    # DBRX: its experts loop over the experts the tokens hit (traced over every expert:
+    # export_hf.py, every_expert_loops), two experts per token (with one, the router's gradient is
+    # rounding noise, ~1e-12, through the normalised weight: any two implementations part there).
+    "dbrx": ["--family", "dbrx", "--set", "d_model=64", "n_heads=4", "n_layers=2", "vocab_size=264", "max_seq_len=128",
+             'attn_config={"kv_n_heads":2,"clip_qkv":8.0,"rope_theta":10000.0}',
+             'ffn_config={"ffn_hidden_size":32,"moe_num_experts":4,"moe_top_k":2}'],
     # GPT-Neo: its own attention method (unscaled scores), global layers only so that CP applies.
     "gpt_neo": ["--family", "gpt_neo", "--set", "vocab_size=264", "hidden_size=64", "num_layers=2", "num_heads=4",
                 'attention_types=[[["global"],2]]', "max_position_embeddings=128"],
