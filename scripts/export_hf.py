@@ -326,32 +326,60 @@ def split_changes_output(model, plan, blocks):
                 styles[sub_name] = style
         if not styles or any(not isinstance(mod.get_submodule(n), torch.nn.Linear) for n in styles):
             continue
-        parts = []
-        try:
-            with torch.no_grad(), torch.random.fork_rng():
+        with torch.no_grad(), torch.random.fork_rng():
+            try:
                 full = first_tensor(copy.deepcopy(mod).float().eval()(*args, **kwargs))  # no dropout
-            for r in range(2):
-                shard = copy.deepcopy(mod).float().eval()
-                for sub_name, style in styles.items():
-                    lin = shard.get_submodule(sub_name)
-                    w = lin.weight.detach()
-                    if w.shape[0 if style == "colwise" else 1] % 2:
-                        raise ValueError("odd size")
-                    lin.weight = torch.nn.Parameter(w.chunk(2, 0 if style == "colwise" else 1)[r].clone())
-                    if lin.bias is not None:
-                        b = lin.bias.detach()
-                        lin.bias = (torch.nn.Parameter(b.chunk(2)[r].clone()) if style == "colwise"
-                                    else (lin.bias if r == 0 else None))
-                with torch.no_grad(), torch.random.fork_rng():
-                    parts.append(first_tensor(shard(*args, **kwargs)))
-        except Exception:  # half the heads do not fit this module's code: no verdict
+            except Exception:
+                continue
+        if full is None:
             continue
-        if full is None or any(p is None or p.shape != full.shape for p in parts):
-            continue
-        diff = ((parts[0] + parts[1]) - full).abs().max().item() / (full.abs().max().item() + 1e-30)
-        if diff > 1e-4:
-            changed[glob] = max(diff, changed.get(glob, 0.0))
+        # Two ways a rank may run its half: as the code stands, and with its head counts halved
+        # (mfsdp rewrites the head counts a graph reshapes by: OPT's view(b, -1, num_heads, d)
+        # would otherwise fold half the features into the sequence). The split keeps the output
+        # when either way gives it back; a block neither runs is left as planned.
+        diffs = []
+        for halve_heads in (False, True):
+            try:
+                parts = [first_tensor(run_shard(mod, styles, r, halve_heads, args, kwargs)) for r in range(2)]
+            except Exception:  # half the heads do not fit this module's code
+                continue
+            if all(p is not None and p.shape == full.shape for p in parts):
+                diffs.append(((parts[0] + parts[1]) - full).abs().max().item() / (full.abs().max().item() + 1e-30))
+        if diffs and min(diffs) > 1e-4:
+            changed[glob] = max(min(diffs), changed.get(glob, 0.0))
     return changed
+
+
+HEAD_COUNTS = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads", "n_heads", "n_head",
+               "n_kv_heads", "kv_n_heads")
+
+
+def run_shard(mod, styles, r, halve_heads, args, kwargs):
+    """mod's output as TP rank r of 2 computes it (split_changes_output): colwise layers keep half
+    their output rows, rowwise ones half their input columns (rank 0 the bias); with halve_heads,
+    the module's and its config's head counts halved as well."""
+    import copy
+    import torch
+    shard = copy.deepcopy(mod).float().eval()
+    for sub_name, style in styles.items():
+        lin = shard.get_submodule(sub_name)
+        w = lin.weight.detach()
+        if w.shape[0 if style == "colwise" else 1] % 2:
+            raise ValueError("odd size")
+        lin.weight = torch.nn.Parameter(w.chunk(2, 0 if style == "colwise" else 1)[r].clone())
+        if lin.bias is not None:
+            b = lin.bias.detach()
+            lin.bias = (torch.nn.Parameter(b.chunk(2)[r].clone()) if style == "colwise"
+                        else (lin.bias if r == 0 else None))
+    if halve_heads:
+        for m in shard.modules():
+            for owner in (m, getattr(m, "config", None)):
+                for k in HEAD_COUNTS:
+                    v = getattr(owner, k, None) if owner is not None else None
+                    if isinstance(v, int) and not isinstance(v, bool) and v % 2 == 0:
+                        setattr(owner, k, v // 2)
+    with torch.no_grad(), torch.random.fork_rng():
+        return shard(*args, **kwargs)
 
 
 def checkpoint_layout(model):
@@ -374,7 +402,7 @@ def checkpoint_layout(model):
         return None, f"transformers' checkpoint conversion mapping not read ({type(e).__name__}: {e})"
     if not transforms:
         return None, None
-    renames, save_renames, converters = [], [], []
+    renames, save_renames, converters, concats = [], [], [], []
     for t in transforms:
         src, dst = list(t._original_source_patterns), list(t._original_target_patterns)
         if type(t) is WeightRenaming and len(dst) == 1:
@@ -394,18 +422,34 @@ def checkpoint_layout(model):
                 and (len(src) == 1) == (len(kinds) == 1)):
             converters.append((src, dst[0]))
             continue
+        # Literally named pieces concatenated along the first dimension (OLMo-Hybrid's q/k/v
+        # convolutions saved apart, held as one conv1d). transformers saves them back as torch.chunk
+        # cuts them (Concatenate's reverse is Chunk): contiguous runs, all but the last of equal size.
+        if (type(t) is WeightConverter and len(dst) == 1 and kinds == [(Concatenate, 0)] and len(src) > 1
+                and all(re.fullmatch(r"[A-Za-z0-9_.]+", p.replace("\\.", ".")) for p in src + dst)):
+            concats.append(([p.replace("\\.", ".") for p in src], dst[0].replace("\\.", ".")))
+            continue
         return None, (f"the HF checkpoint layout of {model.config.model_type} ({type(t).__name__} "
                       f"{src} -> {dst}: {', '.join(type(o).__name__ for o in ops) or 'no operations'}) is not "
                       "mirrored by mfsdp: model.init_from reads directories saved in the model's own names only")
-    stacks = {}
+    stacks, concat_dim0 = {}, []
     for name, p in model.named_parameters():
         for src, dst in converters:
             if name.endswith(dst):
                 prefix = name[: len(name) - len(dst)]
                 stacks[name] = [prefix + pat.replace("*", str(e)) for e in range(p.shape[0]) for pat in src]
+        for src, dst in concats:
+            rows = -(-p.shape[0] // len(src))  # torch.chunk's cut, which transformers saves by
+            if name.endswith("." + dst) and p.shape[0] - rows * (len(src) - 1) > 0:
+                prefix = name[: len(name) - len(dst)]
+                stacks[name] = [prefix + pat for pat in src]
+                concat_dim0.append(name)
     if not stacks and not renames:
         return None, None
-    return ({"renames": renames, "save_renames": save_renames, "stacks": stacks},
+    layout = {"renames": renames, "save_renames": save_renames, "stacks": stacks}
+    if concat_dim0:
+        layout["concat_dim0"] = concat_dim0
+    return (layout,
             f"checkpoint layout from transformers' conversion mapping: {len(renames)} rename(s), {len(stacks)} "
             "stacked parameter(s) read from per-expert tensors by model.init_from")
 

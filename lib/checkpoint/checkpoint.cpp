@@ -824,22 +824,24 @@ void add_in_layout(std::vector<HfEntry>& entries, const HfCheckpointLayout& layo
                    const std::vector<int64_t>& shape, const std::function<at::Tensor()>& read) {
   auto stack = layout.stacks.find(name);
   const int64_t count = stack == layout.stacks.end() ? 0 : int64_t(stack->second.size());
-  if (count == 0 || shape.size() < 2 || shape[0] <= 0 || count % shape[0] != 0 || shape[1] % (count / shape[0]) != 0) {
+  if (count == 0 || layout.piece_shape(name, shape, count, 0).empty()) {
     entries.push_back({layout.save_name(name), shape, read});
     return;
   }
   auto once = std::make_shared<at::Tensor>();
-  std::vector<int64_t> piece(shape.begin() + 1, shape.end());
-  piece[0] /= count / shape[0];
-  int64_t n = 1;
-  for (int64_t d : piece) n *= d;
-  for (int64_t k = 0; k < count; ++k)
-    entries.push_back({layout.save_name(stack->second[size_t(k)]), piece, [once, read, shape, piece, k, n, count] {
+  int64_t start = 0;  // piece k's first element of the flattened parameter
+  for (int64_t k = 0; k < count; ++k) {
+    const std::vector<int64_t> piece = layout.piece_shape(name, shape, count, k);
+    int64_t n = 1;
+    for (int64_t d : piece) n *= d;
+    entries.push_back({layout.save_name(stack->second[size_t(k)]), piece, [once, read, piece, k, start, n, count] {
                          if (k == 0 || !once->defined()) *once = read().reshape({-1});
-                         at::Tensor part = once->narrow(0, k * n, n).view(piece);  // holds the storage
+                         at::Tensor part = once->narrow(0, start, n).view(piece);  // holds the storage
                          if (k == count - 1) *once = at::Tensor();  // one parameter in memory at a time
                          return part;
                        }});
+    start += n;
+  }
 }
 
 // PEFT's modules_to_save wrap a module twice: X.original_module (frozen, the base model's) and

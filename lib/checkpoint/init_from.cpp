@@ -63,6 +63,22 @@ std::string list(const std::vector<std::string>& v, size_t most = 12) {
 
 }  // namespace
 
+std::vector<int64_t> HfCheckpointLayout::piece_shape(const std::string& name, const std::vector<int64_t>& whole,
+                                                     int64_t count, int64_t k) const {
+  if (whole.empty() || count <= 0) return {};
+  if (concat_dim0.count(name)) {
+    const int64_t rows = (whole[0] + count - 1) / count, last = whole[0] - rows * (count - 1);
+    if (last <= 0) return {};  // torch.chunk would give fewer pieces
+    std::vector<int64_t> piece = whole;
+    piece[0] = k < count - 1 ? rows : last;
+    return piece;
+  }
+  if (whole.size() < 2 || whole[0] <= 0 || count % whole[0] != 0 || whole[1] % (count / whole[0]) != 0) return {};
+  std::vector<int64_t> piece(whole.begin() + 1, whole.end());
+  piece[0] /= count / whole[0];
+  return piece;
+}
+
 HfCheckpointLayout hf_checkpoint_layout(const std::string& hf_export_json, const std::string& where) {
   HfCheckpointLayout layout;
   if (hf_export_json.empty()) return layout;
@@ -76,6 +92,7 @@ HfCheckpointLayout hf_checkpoint_layout(const std::string& hf_export_json, const
     for (const auto& r : renames) layout.renames.emplace_back(std::regex(r.at(0).get<std::string>()), r.at(1).get<std::string>());
     for (const auto& r : save) layout.save_renames.emplace_back(std::regex(r.at(0).get<std::string>()), r.at(1).get<std::string>());
     for (const auto& [param, pieces] : stacked.items()) layout.stacks[param] = pieces.get<std::vector<std::string>>();
+    for (const auto& param : l.value("concat_dim0", nlohmann::json::array())) layout.concat_dim0.insert(param.get<std::string>());
   } catch (const std::exception& e) {
     throw UserError(where + ": its mfsdp/hf_export.json checkpoint_layout is malformed: " + e.what());
   }
@@ -166,14 +183,14 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
         auto st = stacks.find(names[k]);
         if (st == stacks.end()) continue;
         // Every piece must be there, of the shape of one row-block of the parameter: [E, K*r, ...]
-        // stacks E x K pieces of [r, ...].
+        // stacks E x K pieces of [r, ...]; a concatenation along dim 0 [n*r, ...] n of [r, ...].
         const std::vector<int64_t> whole = p.global_shape();
-        const int64_t count = int64_t(st->second.size()), per_row = whole.empty() || whole[0] == 0 ? 0 : count / whole[0];
-        std::vector<int64_t> piece_shape(whole.begin() + (whole.empty() ? 0 : 1), whole.end());
-        if (per_row > 0 && !piece_shape.empty()) piece_shape[0] /= per_row;
+        const int64_t count = int64_t(st->second.size());
         std::vector<const Source*> pieces;
         std::vector<std::string> absent;
-        for (const auto& n : st->second) {
+        for (size_t k = 0; k < st->second.size(); ++k) {
+          const std::string& n = st->second[k];
+          const std::vector<int64_t> piece_shape = layout.piece_shape(p.name, whole, count, int64_t(k));
           auto it = by_name.find(n);
           if (it == by_name.end()) {
             absent.push_back(n);

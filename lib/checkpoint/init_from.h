@@ -1,6 +1,7 @@
 // model.init_from: initial weights from safetensors, each rank reading only its own slots.
 #pragma once
 #include <map>
+#include <set>
 #include <regex>
 #include <string>
 #include <utility>
@@ -31,6 +32,15 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
 struct HfCheckpointLayout {
   std::vector<std::pair<std::regex, std::string>> renames, save_renames;
   std::map<std::string, std::vector<std::string>> stacks;
+  // Stacked parameters whose pieces are concatenated along dim 0, named literally (OLMo-Hybrid's
+  // q/k/v convolutions held as one conv1d). transformers saves them as torch.chunk cuts them
+  // (Concatenate's reverse is Chunk): ceil(rows / count) rows each, the last one the rest. The
+  // others stack E x K pieces of [r, ...] into [E, K*r, ...].
+  std::set<std::string> concat_dim0;
+  // The shape of piece k of stacked parameter `name` (whole shape `whole`, `count` pieces); empty
+  // when the whole does not cut into `count` pieces.
+  std::vector<int64_t> piece_shape(const std::string& name, const std::vector<int64_t>& whole, int64_t count,
+                                   int64_t k) const;
   std::string save_name(std::string model_name) const {
     for (const auto& [re, to] : save_renames) model_name = std::regex_replace(model_name, re, to);
     return model_name;

@@ -502,6 +502,17 @@ set_tests_properties(hf_deepseek_v3_resume_copy PROPERTIES FIXTURES_REQUIRED run
                      FIXTURES_SETUP hf_deepseek_v3_resume_copy)
 set_tests_properties(run_hf_deepseek_v3_init_resume_s1_n2 PROPERTIES FIXTURES_REQUIRED
                      "train;hf_models;hf_init_weights;hf_deepseek_v3_resume_copy")
+# OLMo-Hybrid's directory: norms renamed and three convolutions concatenated along dim 0 into one
+# (transformers' Concatenate, saved back as torch.chunk cuts it), read by each rank's slices under
+# TP 2 + SP; its export holds what save_pretrained writes.
+mfsdp_hf_run(hf_olmo_hybrid_init_tp2_sp_s3_n4 4 olmo_hybrid distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3 model.init_from=${HFX}/olmo_hybrid_pretrained
+             checkpoint.dir=${FX}/hf_olmo_hybrid_init_tp2_sp_s3_n4/ckpt checkpoint.save_final=true checkpoint.resume=none)
+set_tests_properties(run_hf_olmo_hybrid_init_tp2_sp_s3_n4 PROPERTIES FIXTURES_REQUIRED "train;hf_models;hf_init_weights")
+add_test(NAME hf_export_olmo_hybrid_init
+         COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_olmo_hybrid_init_tp2_sp_s3_n4/ckpt
+                 --work ${FX}/hf_export_olmo_hybrid_init)
+set_tests_properties(hf_export_olmo_hybrid_init PROPERTIES FIXTURES_REQUIRED runs_hf_olmo_hybrid_init_tp2_sp_s3_n4 TIMEOUT 300)
 add_test(NAME hf_export_deepseek_v3_init
          COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_deepseek_v3_init_tp2_sp_s3_n4/ckpt
                  --work ${FX}/hf_export_deepseek_v3_init)
@@ -512,7 +523,8 @@ add_test(NAME hf_deepseek_v3_resumed_equals_uninterrupted
 set_tests_properties(hf_deepseek_v3_resumed_equals_uninterrupted PROPERTIES FIXTURES_REQUIRED
                      "runs_hf_deepseek_v3_init_tp2_sp_s3_n4;runs_hf_deepseek_v3_init_resume_s1_n2")
 mfsdp_oracle(init_from RUNS hf_llama_init_tp2_s3_n4 hf_llama_init_meta_tp2_s3_n4 llama_init_meta_s3_n2
-             hf_mixtral_init_tp2_s3_n4 hf_mixtral_init_meta_s3_n2 hf_deepseek_v3_init_tp2_sp_s3_n4)
+             hf_mixtral_init_tp2_s3_n4 hf_mixtral_init_meta_s3_n2 hf_deepseek_v3_init_tp2_sp_s3_n4
+             hf_olmo_hybrid_init_tp2_sp_s3_n4)
 # A piece of a stacked parameter missing from the directory: named with the parameter.
 add_test(NAME init_from_stack_piece_missing
          COMMAND ${EXPECT} 2 "missing \\(in the model, not in the files\\): model.layers.1.mlp.experts.down_proj \\(the pieces model.layers.1.mlp.experts.3.w2.weight\\)" --

@@ -12,6 +12,9 @@
                                 tensor per expert), which the model holds stacked under mlp.experts;
   HF_MODELS/deepseek_v3_pretrained/ the same of the fixture's DeepSeek V3, its routers'
                                 e_score_correction_bias buffers (saved too) drawn from N(0, 1);
+  HF_MODELS/olmo_hybrid_pretrained/ the same of the fixture's OLMo-Hybrid: renamed norms, and its
+                                q/k/v convolutions saved apart (held as one conv1d, cut as
+                                torch.chunk cuts it);
   FIXTURE/llama_renamed.safetensors  the project's own Llama fixture (FIXTURE/llama.pt) with weights
                                 drawn anew, every name under "backbone." and one extra tensor
                                 (backbone.rotary.inv_freq) that a rename rule must drop.
@@ -53,7 +56,7 @@ def main():
         return
     hfx, fx = sys.argv[1], sys.argv[2]
     from safetensors.torch import save_file
-    for fixture in ("llama", "mixtral", "deepseek_v3"):
+    for fixture in ("llama", "mixtral", "deepseek_v3", "olmo_hybrid"):
         out = os.path.join(hfx, f"{fixture}_pretrained")
         save_pretrained_of(os.path.join(hfx, f"{fixture}.pt"), out, "200KB")
         shards = [f for f in os.listdir(out) if f.endswith(".safetensors")]
