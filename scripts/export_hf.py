@@ -395,15 +395,25 @@ def checkpoint_layout(model):
     concatenating along the next (transformers' MergeModulelist(dim=0) + Concatenate(dim=1)) is
     mirrored: each piece is then one contiguous run of the parameter's elements."""
     try:
-        from transformers.conversion_mapping import extract_weight_conversions_for_model
+        from transformers import conversion_mapping
         from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, WeightRenaming
-        transforms = extract_weight_conversions_for_model(model) or []
+        # What from_pretrained and save_pretrained apply: the mapping of every PreTrainedModel inside
+        # (dots3's text model finds its experts' layout under its inner model's type), not only the
+        # root class's; legacy renames (old checkpoints' names, never written back) left out.
+        if hasattr(conversion_mapping, "get_model_conversion_mapping"):
+            transforms = conversion_mapping.get_model_conversion_mapping(model, add_legacy=False) or []
+        else:
+            transforms = conversion_mapping.extract_weight_conversions_for_model(model) or []
     except Exception as e:  # another transformers: none of it is used then
         return None, f"transformers' checkpoint conversion mapping not read ({type(e).__name__}: {e})"
     if not transforms:
         return None, None
     renames, save_renames, converters, concats = [], [], [], []
     for t in transforms:
+        if getattr(t, "scope_prefix", None):
+            return None, (f"the HF checkpoint layout of {model.config.model_type} converts names under "
+                          f"{t.scope_prefix!r} only, which mfsdp does not mirror: model.init_from reads directories "
+                          "saved in the model's own names only")
         src, dst = list(t._original_source_patterns), list(t._original_target_patterns)
         if type(t) is WeightRenaming and len(dst) == 1:
             for pat in src:
