@@ -70,7 +70,7 @@ def shrink(d, top=True):
             out[k] = [SIZES[k] if k in SIZES and isinstance(v[i], int) else v[i] for i in keep]
     if d.get("num_key_value_heads") is not None and d.get("num_key_value_heads") == d.get("num_attention_heads"):
         out["num_key_value_heads"] = out["num_attention_heads"]  # multi-head attention stays so
-    if out.get("qk_rope_head_dim"):  # multi-head latent attention
+    if out.get("qk_rope_head_dim") and "qk_nope_head_dim" in out:  # multi-head latent attention
         out.update(head_dim=out["qk_rope_head_dim"], qk_head_dim=out["qk_nope_head_dim"] + out["qk_rope_head_dim"],
                    num_key_value_heads=out.get("num_attention_heads", 4))
     if isinstance(out.get("per_layer_config"), dict):  # per-layer overrides by layer index
