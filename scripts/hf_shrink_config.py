@@ -59,6 +59,8 @@ def shrink(d, top=True):
             out[k] = min(v, SIZES[k]) if k in AT_MOST else SIZES[k]
         elif isinstance(v, dict) and ("model_type" in v or k.endswith("_config")) and k != "per_layer_config":
             out[k] = shrink(v, top=False)  # a nested sub-config (DBRX's attn_config and ffn_config)
+        elif k == "head_dim" and v is None and top:
+            out[k] = SIZES[k]  # left to the model, which may not derive it (HunYuan dense reads it as is)
         elif k in TOKEN_KEYS and top:
             # A special token id past the cut vocabulary would index out of the embedding (its
             # padding row); the ids are kept small and distinct instead.

@@ -249,8 +249,7 @@ std::string canonical_text(const std::shared_ptr<torch::jit::Graph>& g) {
   size_t last = 0;
   for (; it != std::sregex_iterator(); ++it) {
     out.append(text, last, size_t(it->position()) - last);
-    auto [pos, fresh] = names.emplace(it->str(), "%" + std::to_string(names.size()));
-    out += pos->second;
+    out += names.emplace(it->str(), "%" + std::to_string(names.size())).first->second;
     last = size_t(it->position() + it->length());
   }
   out.append(text, last, std::string::npos);
@@ -292,7 +291,8 @@ TracedRepeats unify_traced_repeats(torch::jit::Module& root) {
     std::string forward_text;
     for (torch::jit::Function* f : m.type()->methods()) {
       if (!is_repeat_name(f->name())) continue;
-      if (forward_text.empty()) forward_text = canonical_text(torch::jit::toGraphFunction(m.get_method("forward").function()).graph());
+      if (forward_text.empty())
+        forward_text = canonical_text(torch::jit::toGraphFunction(m.get_method("forward").function()).graph());
       if (canonical_text(torch::jit::toGraphFunction(*f).graph()) == forward_text)
         same.insert({type, f->name()});
       else
