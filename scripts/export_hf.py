@@ -230,6 +230,17 @@ def is_norm(module):
     return "norm" in type(module).__name__.lower()
 
 
+def first_tensor(v):
+    """A module call's main output: the tensor itself, a tuple's first tensor (HF attention returns
+    (output, weights)), or a model output's last_hidden_state."""
+    import torch
+    if isinstance(v, torch.Tensor):
+        return v
+    if isinstance(v, (tuple, list)):
+        return next((t for t in v if isinstance(t, torch.Tensor)), None)
+    return getattr(v, "last_hidden_state", None)
+
+
 def token_wise(model, globs):
     """{glob: whether the first module matching it works token by token}: called again on its
     recorded input with the first position changed, a token-wise module's output changes there
@@ -247,13 +258,6 @@ def token_wise(model, globs):
             hooks.append(mod.register_forward_hook(record, with_kwargs=True))
     T = 8
     hooked_forward(model, hooks, T)
-
-    def first_tensor(v):
-        if isinstance(v, torch.Tensor):
-            return v
-        if isinstance(v, (tuple, list)):
-            return next((t for t in v if isinstance(t, torch.Tensor)), None)
-        return None
     result = {}
     for glob, (args, kwargs, out) in calls.items():
         args, kwargs = list(args), dict(kwargs)
@@ -301,12 +305,6 @@ def split_changes_output(model, plan, blocks):
             hooks.append(mod.register_forward_hook(record, with_kwargs=True))
     hooked_forward(model, hooks, 8)
 
-    def first_tensor(v):
-        if isinstance(v, torch.Tensor):
-            return v
-        if isinstance(v, (tuple, list)):
-            return next((t for t in v if isinstance(t, torch.Tensor)), None)
-        return getattr(v, "last_hidden_state", None)
     def fp32(v):  # a bf16 model's blocks are compared in fp32: its rounding is not the question
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             return v.float()
