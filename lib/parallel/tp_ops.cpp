@@ -80,7 +80,7 @@ struct ScatterSeq : public torch::autograd::Function<ScatterSeq> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x) {
     const int64_t t = g_seq_len.load();
     if (x.dim() < 2 || (t > 0 && x.size(1) != t))
-      throw UserError(fmt::format(
+      throw UserError(std::string(kUserErrorTag) + fmt::format(
           "distributed.sequence_parallel cuts the first block's input along dim 1, the sequence ({} tokens), but "
           "this model's first block takes a tensor shaped {}, whose dim 1 is not the sequence: sequence "
           "parallelism does not apply to this model (tensor parallelism without it does)",

@@ -468,6 +468,12 @@ class Trainer {
         auto pos = what.find("RuntimeError: ");
         if (pos != std::string::npos) what = what.substr(pos + 14);
       }
+      // One of mfsdp's own refusals from inside an op (CP's mask check, SP's sequence dimension):
+      // the model may follow the contract, and the message says what does not fit.
+      if (const size_t tag = what.find(kUserErrorTag); tag != std::string::npos) {
+        const std::string msg = what.substr(tag + std::strlen(kUserErrorTag));
+        throw UserError(cfg_.model.path + ": " + msg.substr(0, msg.find('\n')));
+      }
       throw UserError(cfg_.model.path + fmt::format(": forward(tokens [1, {0}], position_ids [1, {0}]) failed; the model must follow ", T) +
                       "the contract forward(tokens: int64 [B, T], position_ids: int64 [B, T]) -> logits [B, T, V]: " +
                       what.substr(0, what.find('\n')) +
