@@ -193,7 +193,7 @@ int instrument_units(Model& model, bool checkpoint_activations) {
     unit_paths.insert(unit.path);
     const c10::ClassType* type = m.type().get();
     for (const auto& repeat : model.traced_repeats())
-      if (repeat.rfind(unit.path + ".forward", 0) == 0 && repeat.find('.', unit.path.size() + 1) == std::string::npos)
+      if (split_traced_repeat(repeat).first == unit.path)
         throw UserError("FSDP unit " + unit.path + " is called more than once per forward, and torch.jit.trace "
                         "recorded a later call as another graph than its forward (" + repeat +
                         ": other operations or constants, such as shapes the trace baked in): mfsdp gathers and "
@@ -274,6 +274,12 @@ void redirect_calls(torch::jit::Block* b, const std::set<std::pair<const c10::Cl
   }
 }
 }  // namespace
+
+std::pair<std::string, std::string> split_traced_repeat(const std::string& repeat) {
+  const size_t dot = repeat.rfind('.');
+  if (dot == std::string::npos) return {"", repeat};
+  return {repeat.substr(0, dot), repeat.substr(dot + 1)};
+}
 
 TracedRepeats unify_traced_repeats(torch::jit::Module& root) {
   TracedRepeats result;

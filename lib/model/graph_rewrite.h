@@ -48,6 +48,8 @@ struct TracedRepeats {
   std::vector<std::string> differing;
 };
 TracedRepeats unify_traced_repeats(torch::jit::Module& root);
+// "path.forwardN" as {module path ("" for the root), method name}.
+std::pair<std::string, std::string> split_traced_repeat(const std::string& repeat);
 
 // Whether a graph value is a Tensor (not a list, tuple, scalar or module).
 bool is_tensor_value(const torch::jit::Value* v);

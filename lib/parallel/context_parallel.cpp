@@ -594,9 +594,7 @@ class ContextParallelImpl final : public ContextParallel {
     // Repeated calls the trace recorded as graphs of their own that differ from forward
     // (graph_rewrite.h, unify_traced_repeats): their attention is replaced too.
     for (const std::string& repeat : model.traced_repeats()) {
-      const size_t dot = repeat.rfind('.');
-      const std::string path = dot == std::string::npos ? "" : repeat.substr(0, dot);
-      const std::string method = dot == std::string::npos ? repeat : repeat.substr(dot + 1);
+      const auto [path, method] = split_traced_repeat(repeat);
       torch::jit::Module m = path.empty() ? model.module() : submodule_at(model.module(), path);
       auto& fn = torch::jit::toGraphFunction(m.get_method(method).function());
       if (core_types.empty()) replace_sdpa(fn.graph()->block(), repeat);

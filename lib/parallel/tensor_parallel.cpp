@@ -605,7 +605,7 @@ class TensorParallelImpl final : public TensorParallel {
     // A module called more than once per forward whose later calls the trace recorded as other
     // graphs (graph_rewrite.h, unify_traced_repeats) would escape the call-site rewrite below.
     for (const std::string& repeat : model_.traced_repeats()) {
-      const std::string path = repeat.substr(0, repeat.rfind('.'));
+      const std::string path = split_traced_repeat(repeat).first;
       for (const auto& [split, style] : a_.module_styles)
         if (style_splits_weight(style.kind) && (split == path || split.rfind(path + ".", 0) == 0 || path.empty()))
           throw ConfigError(a_.plan_source + ": module " + split + " (" + style.kind + ") is called inside " + repeat +
