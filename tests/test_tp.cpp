@@ -4,11 +4,14 @@
 // sequence all-gather / reduce-scatter put every rank's chunk where it belongs.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "mpi_test_main.h"
 #include "comm/communicator.h"
 #include "comm/mpi_env.h"
 #include "parallel/cross_entropy.h"
 #include "parallel/tp_ops.h"
+#include "model/tp_split.h"
 
 using namespace mfsdp;
 
@@ -45,7 +48,7 @@ TEST_CASE("vocab-parallel cross entropy equals the full-vocabulary loss") {
   const int64_t Vl = V / (n > 1 ? n : 1);
   at::Tensor mine = full.narrow(1, r * Vl, Vl).clone().requires_grad_(true);
   // One rank: the same function over a group of one (its all-reduces are identities).
-  at::Tensor loss = n > 1 ? vocab_parallel_cross_entropy(mine, targets, r * Vl)
+  at::Tensor loss = n > 1 ? vocab_parallel_cross_entropy(mine, targets, r * Vl, V)
                           : cross_entropy_per_token(mine, targets, c.get(), 0);
   (loss * weights).sum().backward();
   INFO("ranks " << n << ", " << N << " x " << V << " logits");
@@ -55,6 +58,72 @@ TEST_CASE("vocab-parallel cross entropy equals the full-vocabulary loss") {
   at::Tensor sum = loss.detach().clone();
   c->all_reduce(sum, ReduceOp::kSum);
   CHECK(max_rel(sum / n, loss.detach()) < 1e-7);
+}
+
+TEST_CASE("an uneven vocabulary: the padding columns of the last ranks take no part in the loss") {
+  auto c = test::world("tp");
+  const int n = c->size(), r = c->rank();
+  if (n == 1) return;  // nothing is padded on one rank
+  Context ctx(*c);
+  // 2 ranks: slices of 19, the last with 18 real columns; 4 ranks: slices of 10, the last with 7.
+  // With V = 3 at 4 ranks the last rank's slice is all padding.
+  const int64_t V = GENERATE(37, 3), N = 23, slice = (V + n - 1) / n;
+  const int64_t start = r * slice, real = std::clamp<int64_t>(V - start, 0, slice);
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  at::Tensor full = at::randn({N, V}, gen, at::kFloat) * 10;
+  at::Tensor targets = at::randint(0, V, {N}, gen, at::kLong);
+  at::Tensor full_leaf = full.clone().requires_grad_(true);
+  at::Tensor ref = at::cross_entropy_loss(full_leaf, targets, {}, at::Reduction::None);
+  ref.sum().backward();
+  // The padding columns hold what an untrained padding row of the head would give: anything, here
+  // values that would dominate the softmax if they were read.
+  at::Tensor mine = at::full({N, slice}, 1e4f, at::kFloat);
+  if (real > 0) mine.narrow(1, 0, real).copy_(full.narrow(1, start, real));
+  mine.requires_grad_(true);
+  at::Tensor loss = vocab_parallel_cross_entropy(mine, targets, start, V);
+  loss.sum().backward();
+  INFO("ranks " << n << ", vocabulary " << V << ", rank " << r << " holds " << real << " of its " << slice << " columns");
+  CHECK(max_rel(loss.detach(), ref.detach()) < 1e-6);
+  if (real > 0) CHECK(max_rel(mine.grad().narrow(1, 0, real), full_leaf.grad().narrow(1, start, real)) < 1e-5);
+  if (real < slice) CHECK(mine.grad().narrow(1, real, slice - real).abs().max().item<float>() == 0.0f);
+}
+
+TEST_CASE("TpSplit: every global element on exactly one rank, padding rows mapped to none") {
+  // [outer 2, D, inner 3] with D in parts; size does not divide every part.
+  for (const std::vector<int64_t>& parts : {std::vector<int64_t>{5}, std::vector<int64_t>{5, 4}, std::vector<int64_t>{2, 8}})
+    for (int64_t size : {2, 3, 4}) {
+      int64_t D = 0;
+      for (int64_t p : parts) D += p;
+      const std::vector<int64_t> shape{2, D, 3};
+      std::vector<int> seen(size_t(2 * D * 3), 0);
+      for (int64_t r = 0; r < size; ++r) {
+        TpSplit t;
+        t.dim = 1, t.parts = parts, t.size = size, t.rank = r, t.global_shape = shape;
+        const int64_t local = 2 * t.local_rows() * 3;
+        std::vector<int> mapped(size_t(local), 0);
+        t.for_each_run(0, local, [&](int64_t g, int64_t l, int64_t len) {
+          for (int64_t i = 0; i < len; ++i) ++seen[size_t(g + i)], ++mapped[size_t(l + i)];
+        });
+        // A sub-range gives the same mapping, cut to it.
+        int64_t sub = 0;
+        t.for_each_run(4, local - 2, [&](int64_t, int64_t l, int64_t len) {
+          CHECK(l >= 4);
+          CHECK(l + len <= local - 2);
+          sub += len;
+        });
+        int64_t real = 0, expect_sub = 0;
+        for (int64_t i = 0; i < local; ++i) {
+          real += mapped[size_t(i)];
+          if (i >= 4 && i < local - 2) expect_sub += mapped[size_t(i)];
+        }
+        CHECK(sub == expect_sub);
+        int64_t real_rows = 0;
+        for (int64_t p : parts) real_rows += t.real_rows(p, r);
+        CHECK(real == 2 * real_rows * 3);
+        CHECK(t.padded() == std::any_of(parts.begin(), parts.end(), [&](int64_t p) { return p % size != 0; }));
+      }
+      for (int v : seen) CHECK(v == 1);
+    }
 }
 
 TEST_CASE("bf16 logits: the loss is computed in fp32 and the gradient comes back in bf16") {
@@ -68,7 +137,7 @@ TEST_CASE("bf16 logits: the loss is computed in fp32 and the gradient comes back
   at::Tensor targets = at::randint(0, V, {N}, gen, at::kLong);
   at::Tensor ref = at::cross_entropy_loss(full.to(at::kFloat), targets, {}, at::Reduction::None);
   at::Tensor mine = full.narrow(1, r * 8, 8).clone().requires_grad_(true);
-  at::Tensor loss = vocab_parallel_cross_entropy(mine, targets, r * 8);
+  at::Tensor loss = vocab_parallel_cross_entropy(mine, targets, r * 8, V);
   loss.sum().backward();
   CHECK(loss.scalar_type() == at::kFloat);
   CHECK(mine.grad().scalar_type() == at::kBFloat16);

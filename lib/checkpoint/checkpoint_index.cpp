@@ -122,17 +122,17 @@ json parse_checkpoint_index(const std::string& text, const std::string& path) {
         const int64_t dim = c.integer(tp[0], 0, int64_t(shape.size()) - 1, pk + ".tp[0] (dim)");
         const int64_t size = c.integer(tp[1], 2, INT32_MAX, pk + ".tp[1] (size)");
         c.integer(tp[2], 0, size - 1, pk + ".tp[2] (rank)");
-        int64_t sum = 0;
+        int64_t sum = 0, rows = 0;  // rows: this rank's, each part's slice padded (TpSplit)
         for (size_t k = 3; k < tp.size(); ++k) {
           const int64_t part = c.integer(tp[k], 1, shape[size_t(dim)], pk + ".tp[" + std::to_string(k) + "] (part)");
-          if (part % size != 0) c.fail(pk + ".tp", "part " + std::to_string(part) + " does not split into " + std::to_string(size));
           sum += part;
+          rows += (part + size - 1) / size;
           if (sum > shape[size_t(dim)]) break;  // reported below; the sum cannot overflow
         }
         if (sum != shape[size_t(dim)])
           c.fail(pk + ".tp", "parts sum to " + std::to_string(sum) + ", dimension " + std::to_string(dim) + " has " +
                                  std::to_string(shape[size_t(dim)]));
-        local = numel / size;
+        local = numel / shape[size_t(dim)] * rows;
       }
       const int64_t b = c.integer(c.member(pc, "begin", pk), 0, local, pk + ".begin");
       c.integer(c.member(pc, "end", pk), b, local, pk + ".end");

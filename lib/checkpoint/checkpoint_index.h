@@ -16,8 +16,9 @@
 //                  (optional), pieces: [{file: a key of files, begin, end, tp (optional)}]}}
 //                 names and aliases all distinct; a piece without tp has 0 <= begin <= end <= numel;
 //                 tp = [dim, size, rank, parts...] with 0 <= dim < rank of shape, size >= 2,
-//                 0 <= rank < size, parts > 0 each a multiple of size summing to shape[dim], and
-//                 then 0 <= begin <= end <= numel / size (the TP slice's elements).
+//                 0 <= rank < size, parts > 0 summing to shape[dim], and then 0 <= begin <= end
+//                 <= numel / shape[dim] * sum(ceil(part / size)) (the TP slice's elements, padding
+//                 rows included: TpSplit).
 #pragma once
 #include <cstdint>
 #include <string>

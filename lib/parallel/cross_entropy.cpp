@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 
 #include "comm/communicator.h"
 #include "comm/flight_recorder.h"
@@ -31,37 +32,43 @@ void for_chunks(const at::Tensor& logits, const std::function<void(int64_t, int6
 }
 
 struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits, const at::Tensor& targets,
-                            Communicator* group, int64_t start) {
-    const int64_t n = logits.size(0), v = logits.size(1);
-    const auto f32 = logits.options().dtype(at::kFloat);
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& all_logits, const at::Tensor& targets,
+                            Communicator* group, int64_t start, int64_t real_columns) {
+    // Padding columns of an uneven vocabulary split are left out: `logits` are the real ones.
+    const int64_t n = all_logits.size(0), v = real_columns < 0 ? all_logits.size(1) : real_columns;
+    const at::Tensor logits = v == all_logits.size(1) ? all_logits : all_logits.narrow(1, 0, v);
+    const auto f32 = all_logits.options().dtype(at::kFloat);
     at::Tensor lse = at::empty({n}, f32);
     at::Tensor idx = targets, mine;  // the target's column here; whether this rank holds it
     if (group) {
       at::Tensor local = targets - start;
       mine = local.ge(0).logical_and(local.lt(v));
-      idx = local.clamp(0, v - 1);
+      idx = local.clamp(0, std::max<int64_t>(v, 1) - 1);
     }
-    at::Tensor target_logit = logits.gather(1, idx.unsqueeze(1)).squeeze(1).to(at::kFloat);
+    at::Tensor target_logit = v > 0 ? logits.gather(1, idx.unsqueeze(1)).squeeze(1).to(at::kFloat) : at::zeros({n}, f32);
     if (!group) {
       for_chunks(logits, [&](int64_t r, int64_t k) { lse.narrow(0, r, k).copy_(logits.narrow(0, r, k).to(at::kFloat).logsumexp(1)); });
     } else {
       // The global maximum first (exp of the shifted logits cannot overflow), then one all-reduce
       // for both the sums of exponentials and the target logits (zero where another rank holds it).
+      // A rank whose columns are all padding adds -inf to the maximum and 0 to the sums.
       FlightTag tag("vocab-parallel cross entropy");
-      at::Tensor m = at::empty({n}, f32);
-      for_chunks(logits, [&](int64_t r, int64_t k) { m.narrow(0, r, k).copy_(std::get<0>(logits.narrow(0, r, k).to(at::kFloat).max(1))); });
+      at::Tensor m = at::full({n}, -std::numeric_limits<float>::infinity(), f32);
+      at::Tensor both = at::zeros({2, n}, f32);
+      if (v > 0)
+        for_chunks(logits, [&](int64_t r, int64_t k) { m.narrow(0, r, k).copy_(std::get<0>(logits.narrow(0, r, k).to(at::kFloat).max(1))); });
       group->all_reduce(m, ReduceOp::kMax);
-      at::Tensor both = at::empty({2, n}, f32);
-      for_chunks(logits, [&](int64_t r, int64_t k) {
-        both[0].narrow(0, r, k).copy_((logits.narrow(0, r, k).to(at::kFloat) - m.narrow(0, r, k).unsqueeze(1)).exp_().sum(1));
-      });
+      if (v > 0)
+        for_chunks(logits, [&](int64_t r, int64_t k) {
+          both[0].narrow(0, r, k).copy_((logits.narrow(0, r, k).to(at::kFloat) - m.narrow(0, r, k).unsqueeze(1)).exp_().sum(1));
+        });
       both[1].copy_(target_logit.masked_fill(mine.logical_not(), 0));
       group->all_reduce(both, ReduceOp::kSum);
       lse = m + both[0].log();
       target_logit = both[1];
     }
-    ctx->save_for_backward({logits, lse});
+    ctx->save_for_backward({all_logits, lse});
+    ctx->saved_data["real"] = v;
     ctx->saved_data["idx"] = idx;
     if (mine.defined()) ctx->saved_data["mine"] = mine;
     return lse - target_logit;
@@ -69,29 +76,33 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const at::Tensor& logits = saved[0];
+    const at::Tensor& all_logits = saved[0];
     const at::Tensor& lse = saved[1];
+    const int64_t v = ctx->saved_data["real"].toInt();
+    at::Tensor grad = at::empty_like(all_logits, at::MemoryFormat::Contiguous);
+    if (v < all_logits.size(1)) grad.narrow(1, v, all_logits.size(1) - v).zero_();  // padding columns
+    const at::Tensor logits = all_logits.narrow(1, 0, v);
     const at::Tensor idx = ctx->saved_data["idx"].toTensor();
     // d loss_i / d logit_ij = softmax_ij - [j == target_i]; onehot only where this rank holds it.
     at::Tensor onehot = at::ones({logits.size(0), 1}, lse.options());
     if (ctx->saved_data.count("mine")) onehot = ctx->saved_data["mine"].toTensor().to(at::kFloat).unsqueeze(1);
     const at::Tensor g = grads[0].to(at::kFloat);
-    at::Tensor grad = at::empty_like(logits, at::MemoryFormat::Contiguous);
-    for_chunks(logits, [&](int64_t r, int64_t k) {
-      at::Tensor p = (logits.narrow(0, r, k).to(at::kFloat) - lse.narrow(0, r, k).unsqueeze(1)).exp_();
-      p.scatter_add_(1, idx.narrow(0, r, k).unsqueeze(1), -onehot.narrow(0, r, k));
-      p.mul_(g.narrow(0, r, k).unsqueeze(1));
-      grad.narrow(0, r, k).copy_(p);
-    });
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
+    if (v > 0)
+      for_chunks(logits, [&](int64_t r, int64_t k) {
+        at::Tensor p = (logits.narrow(0, r, k).to(at::kFloat) - lse.narrow(0, r, k).unsqueeze(1)).exp_();
+        p.scatter_add_(1, idx.narrow(0, r, k).unsqueeze(1), -onehot.narrow(0, r, k));
+        p.mul_(g.narrow(0, r, k).unsqueeze(1));
+        grad.narrow(0, r, k).narrow(1, 0, v).copy_(p);
+      });
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor cross_entropy_per_token(const at::Tensor& logits, const at::Tensor& targets, Communicator* vocab_group,
-                                   int64_t vocab_start) {
-  return ChunkedCrossEntropy::apply(logits, targets, vocab_group, vocab_start);
+                                   int64_t vocab_start, int64_t real_columns) {
+  return ChunkedCrossEntropy::apply(logits, targets, vocab_group, vocab_start, real_columns);
 }
 
 }  // namespace mfsdp

@@ -17,9 +17,11 @@ class Communicator;
 // [N] (int64). With `vocab_group`, the logits hold the vocabulary columns [vocab_start,
 // vocab_start + V) of the full logits, split over that group: the row maxima and the sums of
 // exponentials and target logits are all-reduced there (every rank returns the same loss) and a
-// target outside this rank's columns contributes nothing here. Differentiable in logits; the
-// gradient has the logits' dtype.
+// target outside this rank's columns contributes nothing here. Only the first `real_columns` of
+// them (-1: all) are the vocabulary's: the rest pad an uneven split (TpSplit), take no part in the
+// loss and get a zero gradient. Differentiable in logits; the gradient has the logits' dtype.
 at::Tensor cross_entropy_per_token(const at::Tensor& logits, const at::Tensor& targets,
-                                   Communicator* vocab_group = nullptr, int64_t vocab_start = 0);
+                                   Communicator* vocab_group = nullptr, int64_t vocab_start = 0,
+                                   int64_t real_columns = -1);
 
 }  // namespace mfsdp

@@ -129,6 +129,34 @@ void for_each_call(const std::string& path, const torch::jit::Module& m,
 
 std::string shape_str(const std::vector<int64_t>& s) { return "[" + fmt::format("{}", fmt::join(s, ", ")) + "]"; }
 
+// The styled module whose forward's output the model returns as its logits (through a few
+// single-input casts such as .float(), and into the graphs of unstyled wrapper modules such as a
+// PeftModel's base_model), in the graphs as exported; "" when the logits come from elsewhere.
+std::string logits_module(const Model& model, const std::vector<std::pair<std::string, TpStyle>>& styles) {
+  auto g = torch::jit::toGraphFunction(model.module().get_method("forward").function()).graph();
+  std::string prefix;
+  Value* v = g->return_node()->input(0);
+  for (int hop = 0; hop < 16; ++hop) {
+    Node* node = v->node();
+    if (node->kind() == c10::prim::CallMethod) {
+      auto rel = attr_chain(node->input(0), g->inputs()[0]);
+      if (!rel || node->s(c10::attr::name) != "forward") return "";
+      const std::string path = child_path(prefix, *rel);
+      bool styled = false;
+      for (const auto& [p, s] : styles) styled = styled || p == path;
+      if (styled) return path;
+      torch::jit::Module sub = submodule_at(model.module(), path);
+      g = torch::jit::toGraphFunction(sub.get_method("forward").function()).graph();
+      prefix = path;
+      v = g->return_node()->input(0);
+      continue;
+    }
+    if (node->inputs().empty() || node->kind().is_prim() || !is_tensor_value(node->input(0))) return "";
+    v = node->input(0);
+  }
+  return "";
+}
+
 bool style_splits_weight(const std::string& k) {
   return k == "colwise" || k == "colwise_rep" || k == "rowwise" || k == "rowwise_rep" || k == "vocab_parallel" ||
          k == "moe_experts";
@@ -180,6 +208,11 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
   }
   std::vector<int> used(plan.entries.size(), 0);
   std::vector<std::string> owner(n);  // the module that decided a parameter's split
+  struct Padded {
+    size_t param, entry;
+    std::string module, kind;
+  };
+  std::vector<Padded> padded;  // vocabulary splits that tp does not divide
   auto fail = [&](size_t e, const std::string& msg) -> void {
     throw ConfigError(plan.entry_where[e] + ": distributed.tp_plan entry '" + plan.entries[e].first + ": " +
                       plan.entries[e].second + "': " + msg);
@@ -236,11 +269,19 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
                                 shape_str(shape), shape_str(parts), sum, dim, D));
         }
         for (int64_t x : parts)
-          if (x % tp != 0)
+          if (x % tp != 0) {
+            // A vocabulary that tp_size does not divide (GPT-2's 50257) is padded (TpSplit): the
+            // embedding's rows, or the output head's, whose padding logits the loss masks; checked
+            // below once the head is known.
+            if ((style.kind == "vocab_parallel" || style.kind == "colwise") && parts.size() == 1 && dim == 0) {
+              padded.push_back({size_t(pi), e, nm.name, style.kind});
+              continue;
+            }
             fail(e, fmt::format("parameter {} has shape {}: {} cuts dimension {} into {}, and {} is not divisible by "
                                 "tp_size {}",
                                 p.name, shape_str(shape), plan.entries[e].second, dim,
                                 parts.size() > 1 ? "parts of " + shape_str(parts) : std::to_string(D), x, tp));
+          }
       }
       if (!owner[size_t(pi)].empty() && (a.split_dim[size_t(pi)] != dim || a.parts[size_t(pi)] != parts))
         fail(e, fmt::format("parameter {} (tied) is also split by module {} ({}), differently", p.name,
@@ -351,6 +392,22 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
                           a.param_styles[i] + "), but module " + owner_path +
                           " uses it too (tied) and has no splitting style in the plan; give it one (an embedding "
                           "tied to a colwise output head: vocab_parallel)");
+    }
+  }
+  // Padding is sound only where nothing reads the padding rows: an embedding looks up real ids
+  // only, and the padding columns of the logits are masked by the vocab-parallel loss, which
+  // needs the colwise layer to be the output head (its output the model's logits, sharded).
+  if (!padded.empty()) {
+    const std::string head = logits_module(model, a.module_styles);
+    for (const auto& pd : padded) {
+      const auto& p = model.params()[pd.param];
+      if (pd.kind == "colwise" && pd.module != head)
+        fail(pd.entry, fmt::format("parameter {} has shape {}: colwise cuts dimension 0 into tp_size {} parts and {} is "
+                                   "not divisible by {}; mfsdp pads an uneven split only for a vocabulary (a "
+                                   "vocab_parallel embedding, or the colwise output head whose logits the model "
+                                   "returns{})",
+                                   p.name, shape_str(p.tensor.sizes().vec()), tp, p.tensor.size(0), tp,
+                                   head.empty() ? ": this model's logits come from no colwise module" : ": here " + head));
     }
   }
   for (size_t e = 0; e < plan.entries.size(); ++e)
@@ -479,7 +536,9 @@ std::string describe_tp_assignment(const Model& model, const TpAssignment& a, in
     std::vector<int64_t> local = p.tensor.sizes().vec();
     std::string split = "replicated";
     if (a.split_dim[i] >= 0 && tp > 1) {
-      local[size_t(a.split_dim[i])] /= tp;
+      int64_t rows = 0;  // padded slices (TpSplit)
+      for (int64_t part : a.parts[i]) rows += (part + tp - 1) / tp;
+      local[size_t(a.split_dim[i])] = rows;
       split = fmt::format("dim {}{} -> {}", a.split_dim[i], a.parts[i].size() > 1 ? fmt::format(" ({} parts)", a.parts[i].size()) : "",
                           shape_str(local));
     }
@@ -533,6 +592,9 @@ class TensorParallelImpl final : public TensorParallel {
 
   bool logits_sharded() const override { return logits_sharded_; }
   int64_t vocab_start(int64_t local_vocab) const override { return rank_ * local_vocab; }
+  int64_t vocab_size(int64_t local_vocab) const override {
+    return logits_sharded_ ? (head_vocab_ > 0 ? head_vocab_ : local_vocab * size_) : local_vocab;
+  }
   bool sequence_parallel() const override { return sp_ && size_ > 1; }
 
   std::string describe() const override {
@@ -569,18 +631,21 @@ class TensorParallelImpl final : public TensorParallel {
       p.tp.rank = rank_;
       p.tp.global_shape = p.tensor.sizes().vec();
       at::Tensor local;
+      std::vector<int64_t> shape = p.tp.global_shape;
+      shape[size_t(p.tp.dim)] = p.tp.local_rows();
       if (model_.loaded_on_meta()) {  // placeholders: only the shape matters
-        std::vector<int64_t> shape = p.tp.global_shape;
-        shape[size_t(p.tp.dim)] /= size_;
         local = at::empty(shape, p.tensor.options().requires_grad(false));
       } else {
-        std::vector<at::Tensor> pieces;
-        int64_t start = 0;
+        // This rank's slice of every part, its padding rows (an uneven vocabulary) zero.
+        local = at::zeros(shape, p.tensor.options().requires_grad(false));
+        int64_t start = 0, at_row = 0;
         for (int64_t part : p.tp.parts) {
-          pieces.push_back(p.tensor.detach().narrow(p.tp.dim, start + rank_ * (part / size_), part / size_));
+          const int64_t real = p.tp.real_rows(part, rank_);
+          if (real > 0)
+            local.narrow(p.tp.dim, at_row, real).copy_(p.tensor.detach().narrow(p.tp.dim, start + rank_ * p.tp.slice(part), real));
           start += part;
+          at_row += p.tp.slice(part);
         }
-        local = at::cat(pieces, p.tp.dim).contiguous();
       }
       p.tensor = local.set_requires_grad(true);
       model_.set_parameter(p.name, p.tensor);
@@ -630,6 +695,13 @@ class TensorParallelImpl final : public TensorParallel {
       split_unit_side_inputs();
     }
     detect_sharded_logits();
+    // plan_tensor_parallel allowed an uneven colwise split only for the output head; the loss must
+    // then see the logits sharded to mask the padding columns.
+    for (const auto& p : model_.params())
+      if (p.tp.padded() && !logits_sharded_ && a_.param_styles[size_t(&p - model_.params().data())].find("colwise") != std::string::npos)
+        throw ConfigError(a_.plan_source + ": parameter " + p.name + " is padded to split its " +
+                          std::to_string(p.tp.global_shape[size_t(p.tp.dim)]) + " rows over tp_size " + std::to_string(size_) +
+                          ", but the model's logits do not come back sharded from its colwise module");
   }
 
   void rewrite_block(torch::jit::Block* block, Value* self, const std::vector<std::string>& owners) {
@@ -1172,6 +1244,11 @@ class TensorParallelImpl final : public TensorParallel {
           continue;
         }
         logits_sharded_ = s && s->kind == "colwise";
+        if (logits_sharded_)
+          for (const auto& p : model_.params())
+            if (p.tp.split() && (p.name == path + ".weight" ||
+                                 std::find(p.aliases.begin(), p.aliases.end(), path + ".weight") != p.aliases.end()))
+              head_vocab_ = p.tp.global_shape[size_t(p.tp.dim)];
         return;
       }
       if (node->inputs().empty() || node->kind().is_prim() || !is_tensor_value(node->input(0))) return;
@@ -1185,6 +1262,7 @@ class TensorParallelImpl final : public TensorParallel {
   Communicator& tp_;
   int64_t size_ = 1, rank_ = 0;
   bool sp_ = false, logits_sharded_ = false;
+  int64_t head_vocab_ = 0;  // the sharded logits' global width (the head's rows), 0 if unknown
   TpAssignment a_;
   std::set<std::string> called_;
   std::set<std::string> after_gather_;  // modules called after a sequence_parallel_gather one

@@ -44,6 +44,10 @@ class TensorParallel {
   // the loss is then vocab_parallel_cross_entropy with vocab_start().
   virtual bool logits_sharded() const = 0;
   virtual int64_t vocab_start(int64_t local_vocab) const = 0;
+  // The model's vocabulary from this rank's logits width: local_vocab, or with sharded logits the
+  // output head's rows (fewer than local_vocab x tp_size where tp_size does not divide them: the
+  // last ranks' columns past it are padding, TpSplit).
+  virtual int64_t vocab_size(int64_t local_vocab) const = 0;
   virtual bool sequence_parallel() const = 0;
   virtual std::string describe() const = 0;
 };

@@ -4,6 +4,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include <fmt/format.h>
@@ -210,9 +211,11 @@ at::Tensor reduce_scatter_dim(Communicator& c, const at::Tensor& x, int64_t dim)
   return out;
 }
 
-at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start) {
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
+                                        int64_t vocab) {
   if (!active()) throw std::logic_error("vocab_parallel_cross_entropy without a tensor-parallel group");
-  return cross_entropy_per_token(logits, targets, g_tp.load(), vocab_start);
+  const int64_t real = std::clamp<int64_t>(vocab - vocab_start, 0, logits.size(1));
+  return cross_entropy_per_token(logits, targets, g_tp.load(), vocab_start, real);
 }
 
 }  // namespace mfsdp

@@ -492,7 +492,7 @@ class Trainer {
       throw UserError(fmt::format("{}: forward returned a tensor of shape [{}] and dtype {}; the model contract is "
                                   "floating-point logits [B, T, V]",
                                   cfg_.model.path, fmt::join(logits.sizes(), ", "), c10::toString(logits.scalar_type())));
-    return logits.size(2) * (tp_->logits_sharded() ? shape_.tp : 1);
+    return tp_->vocab_size(logits.size(2));
   }
 
   // The host batch (its checks and counts taken by the reader), then its copy to the device:
@@ -559,7 +559,7 @@ class Trainer {
     // A colwise output head leaves the logits sharded over the vocabulary: the loss is computed on
     // the shards (max and sum-exp reduced across TP), never on a full [tokens, vocab] tensor.
     at::Tensor ce = tp_->logits_sharded()
-                        ? vocab_parallel_cross_entropy(logits.reshape({-1, V}), b.targets.reshape({-1}), tp_->vocab_start(V))
+                        ? vocab_parallel_cross_entropy(logits.reshape({-1, V}), b.targets.reshape({-1}), tp_->vocab_start(V), vocab_)
                         : cross_entropy_per_token(logits.reshape({-1, V}), b.targets.reshape({-1}));
     // The loss holds the logits for its backward; this handle would keep them alive beside the
     // gradient of the output head, the largest moment of the backward (DESIGN.md section 7, step 3).
