@@ -439,6 +439,38 @@ add_test(NAME hf_export_gpt2_tp
          COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_gpt2_ckpt_tp2_s3_n4/ckpt
                  --work ${FX}/hf_export_gpt2_tp)
 set_tests_properties(hf_export_gpt2_tp PROPERTIES FIXTURES_REQUIRED runs_hf_gpt2_ckpt_tp2_s3_n4 TIMEOUT 300)
+# A vocabulary that tp_size does not divide (267): the tied embedding and head padded to 134 rows
+# per rank at TP 2 and 67 at TP 4 (the last rank 66 real), the padding logits masked from the loss
+# (TpSplit, DESIGN.md section 5); checkpointed at TP 2 + SP, resumed on one rank, exported to HF.
+mfsdp_hf_run(hf_gpt2_v267_tp2_sp_s3_n4 4 gpt2_v267 distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3 checkpoint.dir=${FX}/hf_gpt2_v267_tp2_sp_s3_n4/ckpt checkpoint.save_every=10
+             checkpoint.resume=none)
+mfsdp_hf_run(hf_gpt2_v267_tp4_s1_n4 4 gpt2_v267 distributed.tp_size=4 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_gpt2_v267_resume_n1 1 gpt2_v267 checkpoint.dir=${FX}/hf_gpt2_v267_resume_n1/ckpt checkpoint.resume=auto
+             checkpoint.save_final=false
+             checkpoint.save_every=100)
+add_test(NAME hf_gpt2_v267_resume_copy
+         COMMAND ${CMAKE_COMMAND} -E copy_directory ${FX}/hf_gpt2_v267_tp2_sp_s3_n4/ckpt/step_00000010
+                 ${FX}/hf_gpt2_v267_resume_n1/ckpt/step_00000010)
+set_tests_properties(hf_gpt2_v267_resume_copy PROPERTIES FIXTURES_REQUIRED runs_hf_gpt2_v267_tp2_sp_s3_n4
+                     FIXTURES_SETUP hf_gpt2_v267_resume_copy)
+set_tests_properties(run_hf_gpt2_v267_resume_n1 PROPERTIES FIXTURES_REQUIRED "train;hf_models;hf_gpt2_v267_resume_copy")
+add_test(NAME hf_gpt2_v267_resumed_equals_uninterrupted
+         COMMAND ${MFSDP_PYTHON} ${CMP} ${FX}/hf_gpt2_v267_tp2_sp_s3_n4 ${FX}/hf_gpt2_v267_resume_n1 --after 10 --rtol 1e-5)
+set_tests_properties(hf_gpt2_v267_resumed_equals_uninterrupted PROPERTIES FIXTURES_REQUIRED
+                     "runs_hf_gpt2_v267_tp2_sp_s3_n4;runs_hf_gpt2_v267_resume_n1")
+add_test(NAME hf_export_gpt2_v267
+         COMMAND ${MFSDP_PYTHON} ${HF_CHECK} --mfsdp ${MFSDP_BIN} --checkpoint ${FX}/hf_gpt2_v267_tp2_sp_s3_n4/ckpt
+                 --work ${FX}/hf_export_gpt2_v267)
+set_tests_properties(hf_export_gpt2_v267 PROPERTIES FIXTURES_REQUIRED runs_hf_gpt2_v267_tp2_sp_s3_n4 TIMEOUT 300)
+mfsdp_oracle(hf_padded_vocab RUNS hf_gpt2_v267_tp2_sp_s3_n4 hf_gpt2_v267_tp4_s1_n4)
+# Only a vocabulary is padded: an uneven split of another colwise layer is refused, naming it.
+add_test(NAME hf_uneven_split_refused
+         COMMAND ${EXPECT} 2 "parameter model.layers.0.self_attn.q_proj.weight has shape \\[64, 64\\]: colwise cuts dimension 0 into tp_size 3 parts and 64 is not divisible by 3; mfsdp pads an uneven split only for a vocabulary" --
+                 ${MFSDP_MPIRUN} -np 3 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_uneven_split
+                 model.path=${HFX}/llama.pt distributed.tp_size=3
+                 "distributed.tp_plan={\"model.layers.*.self_attn.q_proj\": colwise}")
+set_tests_properties(hf_uneven_split_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 3)
 # Mixtral under TP + SP: every expert's slices of the 3-D gate_up_proj (two packed parts) and
 # down_proj written back as the whole tensors transformers loads.
 mfsdp_hf_run(hf_mixtral_ckpt_tp2_sp_s3_n4 4 mixtral distributed.tp_size=2 distributed.sequence_parallel=true

@@ -6,7 +6,8 @@ families, exported with scripts/export_hf.py (its main, in one process) as a use
 
 Llama with grouped-query attention; Mistral, and one with a sliding window of 8 tokens; Qwen2 (q/k/v biases, tied head); Qwen3 (q/k norms,
 an explicit head_dim); Gemma (tied, scaled embeddings, GeGLU, head_dim 16: 4 heads x 16 over 64);
-GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed); Phi-3 (packed qkv and
+GPT-2 (Conv1D layers, learned positions, tied head, its dropouts zeroed; gpt2_v267 with a vocabulary
+that no TP size divides); Phi-3 (packed qkv and
 gate_up: colwise_gather_output and rowwise_split_input, kept as colwise_rep and rowwise_rep); GPT-NeoX, Phi,
 Gemma 2, StableLM and OPT, BLOOM, Falcon, Mixtral, Llama 4 text, OLMo 2, DeepSeek V3 and GPT-Neo (below); and
 three LoRA models wrapped by PEFT (llama_lora, qwen2_lora, gpt2_lora).
@@ -25,6 +26,8 @@ MODELS = {
     "qwen3": ["--family", "qwen3", "--set", *COMMON, "num_key_value_heads=2", "head_dim=8"],
     "gemma": ["--family", "gemma", "--set", *COMMON, "num_key_value_heads=2", "head_dim=16"],
     "gpt2": ["--family", "gpt2", "--set", "vocab_size=264", "n_embd=64", "n_layer=2", "n_head=4", "n_positions=128"],
+    # A vocabulary no TP size divides (267 = 3 x 89; GPT-2's own is 50257): padded over the ranks.
+    "gpt2_v267": ["--family", "gpt2", "--set", "vocab_size=267", "n_embd=64", "n_layer=2", "n_head=4", "n_positions=128"],
     "phi3": ["--family", "phi3", "--set", *COMMON, "num_key_value_heads=4", "pad_token_id=0"],
     # GPT-NeoX: q/k/v packed per head in one query_key_value, parallel residual, and its plan's
     # embed_in style embedding_rowwise; Phi (1/2): a head with a bias; Gemma 2: no sdpa path (logit
