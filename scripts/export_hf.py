@@ -1335,6 +1335,10 @@ def main(argv=None):
             "source": os.path.abspath(args.model_dir) if args.model_dir else None,
             "weights": "random" if (args.random_init or not args.model_dir) else "model directory",
             "attention_window": attention_window(cfg),
+            # the config's head counts: mfsdp names those tp_size does not divide when a TP run's
+            # first forward fails on a head view
+            "head_counts": {k: v for c in (cfg, getattr(cfg, "text_config", None)) if c is not None
+                            for k in HEAD_COUNTS if isinstance(v := getattr(c, k, None), int) and not isinstance(v, bool)},
             # the family's HF checkpoint names, where they differ from the model's (checkpoint_layout)
             "checkpoint_layout": layout}, indent=1),
     }

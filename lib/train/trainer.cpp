@@ -448,6 +448,21 @@ class Trainer {
   // may hold sizes fixed at export that only fit the lengths it will train at (DeepSeek V3.2's
   // sparse-attention indexer keeps min(index_topk, T) of the keys: a traced constant k, which a
   // two-token probe could not select).
+  // The exporter's record of the config's head counts (hf_export.json head_counts) that tp_size
+  // does not divide, as "; the model's config: num_key_value_heads 1 ...", or "".
+  std::string indivisible_head_counts() const {
+    auto j = nlohmann::json::parse(model_->stored_hf_export(), nullptr, false);
+    if (!j.is_object() || !j.contains("head_counts") || !j["head_counts"].is_object()) return "";
+    std::vector<std::string> bad;
+    for (auto it = j["head_counts"].begin(); it != j["head_counts"].end(); ++it)
+      if (it.value().is_number_integer() && it.value().get<int64_t>() % shape_.tp != 0)
+        bad.push_back(fmt::format("{} {}", it.key(), it.value().get<int64_t>()));
+    if (bad.empty()) return "";
+    return fmt::format("; the model's config (mfsdp/hf_config.json): {}, not divisible by tp_size {}: use a tp_size "
+                       "that divides every head count (mfsdp does not replicate key/value heads over TP ranks)",
+                       join(bad, ", "), shape_.tp);
+  }
+
   int64_t probe_vocabulary() {
     at::NoGradGuard ng;
     model_->train(false);
@@ -479,8 +494,8 @@ class Trainer {
                       what.substr(0, what.find('\n')) +
                       (shape_.tp > 1 ? fmt::format(" (with tp_size {} every rank holds 1/{} of each colwise output: the "
                                                    "attention's head counts, key/value heads included, must be divisible "
-                                                   "by tp_size, and sizes must come from the projections' shapes{})",
-                                                   shape_.tp, shape_.tp,
+                                                   "by tp_size, and sizes must come from the projections' shapes{}{})",
+                                                   shape_.tp, shape_.tp, indivisible_head_counts(),
                                                    tp_->sequence_parallel()
                                                        ? "; with sequence_parallel, a block that reads the sequence "
                                                          "length from its input (Hugging Face attention) needs the style "

@@ -471,6 +471,13 @@ add_test(NAME hf_uneven_split_refused
                  model.path=${HFX}/llama.pt distributed.tp_size=3
                  "distributed.tp_plan={\"model.layers.*.self_attn.q_proj\": colwise}")
 set_tests_properties(hf_uneven_split_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 3)
+# Fewer key/value heads than TP ranks: the first forward's failed head view is reported with the
+# config's head counts that tp_size does not divide.
+add_test(NAME hf_kv_heads_tp4_refused
+         COMMAND ${EXPECT} 2 "the model's config \\(mfsdp/hf_config.json\\): num_key_value_heads 2, not divisible by tp_size 4" --
+                 ${MFSDP_MPIRUN} -np 4 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_kv_heads_tp4
+                 model.path=${HFX}/llama.pt distributed.tp_size=4)
+set_tests_properties(hf_kv_heads_tp4_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 4)
 # Mixtral under TP + SP: every expert's slices of the 3-D gate_up_proj (two packed parts) and
 # down_proj written back as the whole tensors transformers loads.
 mfsdp_hf_run(hf_mixtral_ckpt_tp2_sp_s3_n4 4 mixtral distributed.tp_size=2 distributed.sequence_parallel=true
