@@ -380,6 +380,24 @@ def run_shard(mod, styles, r, halve_heads, args, kwargs):
         return shard(*args, **kwargs)
 
 
+def load_leniency(model):
+    """transformers' from_pretrained adds or strips the base_model_prefix of a key that the model
+    holds under the other form, and leaves out of its unexpected keys those matching the model's
+    _keys_to_ignore_on_load_unexpected (and, where the model has such buffers, old per-layer
+    rotary_emb.inv_freq and position_ids): {"base_model_prefix": str, "ignore_unexpected": [regex]}
+    for mfsdp's model.init_from, which does the same."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    if not prefix or not isinstance(getattr(model, prefix, None), __import__("torch").nn.Module):
+        prefix = ""  # the model is its base model: nothing to add or strip
+    patterns = set(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or [])
+    buffers = [n for n, _ in model.named_buffers()]
+    if any(n.endswith("rotary_emb.inv_freq") for n in buffers):
+        patterns.add(r"rotary_emb\.inv_freq")
+    if any(n.endswith("position_ids") for n in buffers):
+        patterns.add(r"(^|\.)position_ids$")
+    return {"base_model_prefix": prefix, "ignore_unexpected": sorted(patterns)}
+
+
 def checkpoint_layout(model):
     """How this family's HF checkpoints store what the model holds otherwise (transformers' own
     conversion mapping for the model type, applied by from_pretrained and reversed by
@@ -1340,7 +1358,11 @@ def main(argv=None):
             "head_counts": {k: v for c in (cfg, getattr(cfg, "text_config", None)) if c is not None
                             for k in HEAD_COUNTS if isinstance(v := getattr(c, k, None), int) and not isinstance(v, bool)},
             # the family's HF checkpoint names, where they differ from the model's (checkpoint_layout)
-            "checkpoint_layout": layout}, indent=1),
+            "checkpoint_layout": layout,
+            # what from_pretrained forgives a directory: a base model's names without the prefix
+            # of the model with a head (GPT-2's hub checkpoint: h.0.attn..., not transformer.h.0...),
+            # and tensors it ignores (GPT-2's causal-mask buffers attn.bias)
+            **load_leniency(hf_model)}, indent=1),
     }
     if plan:
         extra["mfsdp/tp_plan.json"] = json.dumps(plan, indent=1)

@@ -20,6 +20,7 @@
 #include "mesh/process_groups.h"
 #include "model/model.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace mfsdp {
 namespace fs = std::filesystem;
@@ -83,7 +84,16 @@ HfCheckpointLayout hf_checkpoint_layout(const std::string& hf_export_json, const
   HfCheckpointLayout layout;
   if (hf_export_json.empty()) return layout;
   const auto j = nlohmann::json::parse(hf_export_json, nullptr, false);
-  if (!j.is_object() || !j.contains("checkpoint_layout") || !j["checkpoint_layout"].is_object()) return layout;
+  if (!j.is_object()) return layout;
+  try {
+    if (j.contains("base_model_prefix") && j["base_model_prefix"].is_string())
+      layout.base_model_prefix = j["base_model_prefix"].get<std::string>();
+    if (j.contains("ignore_unexpected") && j["ignore_unexpected"].is_array())
+      for (const auto& p : j["ignore_unexpected"]) layout.ignore_unexpected.emplace_back(p.get<std::string>(), std::regex(p.get<std::string>()));
+  } catch (const std::exception& e) {
+    throw UserError(where + ": its mfsdp/hf_export.json ignore_unexpected is malformed: " + e.what());
+  }
+  if (!j.contains("checkpoint_layout") || !j["checkpoint_layout"].is_object()) return layout;
   try {
     const auto& l = j["checkpoint_layout"];
     const nlohmann::json renames = l.value("renames", nlohmann::json::array());
@@ -139,6 +149,41 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
         by_name[name] = {files.back().get(), original};
         dtypes[c10::toString(files.back()->get(original).scalar_type())] = "";
       }
+    }
+    // from_pretrained's prefix rule, name by name: a file's name the model lacks is taken with the
+    // base model's prefix added, or stripped, when the model holds that one (and no file has it).
+    int64_t prefixed = 0;
+    if (const std::string& pre = layout.base_model_prefix; !pre.empty()) {
+      std::set<std::string> wanted;
+      for (const auto& p : model.params()) {
+        wanted.insert(p.name);
+        wanted.insert(p.aliases.begin(), p.aliases.end());
+        wanted.insert(peft_to_hf_name(p.name));
+        for (const auto& al : p.aliases) wanted.insert(peft_to_hf_name(al));
+      }
+      for (const auto& [param, pieces] : stacks) wanted.insert(pieces.begin(), pieces.end());
+      for (const auto& b : model.module().named_buffers(/*recurse=*/true)) {
+        wanted.insert(b.name);
+        wanted.insert(peft_to_hf_name(b.name));
+      }
+      std::map<std::string, Source> renamed;
+      for (auto it = by_name.begin(); it != by_name.end();) {
+        std::string other;
+        if (!wanted.count(it->first)) {
+          if (it->first.rfind(pre + ".", 0) == 0 && wanted.count(it->first.substr(pre.size() + 1)))
+            other = it->first.substr(pre.size() + 1);
+          else if (wanted.count(pre + "." + it->first))
+            other = pre + "." + it->first;
+        }
+        if (other.empty() || by_name.count(other) || renamed.count(other)) {
+          ++it;
+          continue;
+        }
+        renamed[other] = it->second;
+        it = by_name.erase(it);
+        ++prefixed;
+      }
+      by_name.insert(renamed.begin(), renamed.end());
     }
     // Each model parameter by its name or an alias; shapes must be the global ones. A LoRA model
     // (PEFT's names) takes the transformers model's weights as they are: its base weights by their
@@ -238,8 +283,20 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
       }
     }
     std::vector<std::string> unexpected;
-    for (const auto& [n, s] : by_name)
-      if (!used.count(n)) unexpected.push_back(n == s.name ? n : n + " (from " + s.name + ")");
+    std::set<std::string> ignored_by;  // the patterns of from_pretrained's ignored tensors that matched
+    int64_t ignored = 0;
+    for (const auto& [n, s] : by_name) {
+      if (used.count(n)) continue;
+      bool ignore = false;
+      for (const auto& [text, re] : layout.ignore_unexpected)
+        if (std::regex_search(n, re)) {
+          ignore = true;
+          ignored_by.insert(text);
+          break;
+        }
+      if (ignore) ++ignored;
+      else unexpected.push_back(n == s.name ? n : n + " (from " + s.name + ")");
+    }
     if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
       std::string msg = src + ": model.init_from does not fit " + model.path() + ":";
       if (!missing.empty()) msg += fmt::format("\n  missing (in the model, not in the files): {}", list(missing));
@@ -294,6 +351,12 @@ std::string init_weights_from(const Config& cfg, ProcessGroups& pg, Model& model
                           rules.empty() ? "" : fmt::format(", {} rename rule(s)", rules.size())) +
               (stacked ? fmt::format("; {} parameter(s) stacked from per-expert tensors (the family's HF layout)",
                                      stacked)
+                       : "") +
+              (prefixed ? fmt::format("; {} name(s) taken with the base model's prefix '{}' added or stripped (as "
+                                      "from_pretrained)", prefixed, layout.base_model_prefix)
+                        : "") +
+              (ignored ? fmt::format("; {} tensor(s) left out as from_pretrained leaves them ({})", ignored,
+                                     join(std::vector<std::string>(ignored_by.begin(), ignored_by.end()), ", "))
                        : "") +
               (buffers.empty() ? "" : fmt::format("; {} buffer(s) ({}{})", buffers.size(), buffer_names.front(),
                                                   buffers.size() > 1 ? ", ..." : "")) +

@@ -37,6 +37,11 @@ struct HfCheckpointLayout {
   // (Concatenate's reverse is Chunk): ceil(rows / count) rows each, the last one the rest. The
   // others stack E x K pieces of [r, ...] into [E, K*r, ...].
   std::set<std::string> concat_dim0;
+  // As from_pretrained: a file's name that the model holds with the base model's prefix added
+  // (a base model's checkpoint: GPT-2's h.0.attn... for transformer.h.0.attn...) or stripped, and
+  // the file's tensors it ignores when the model lacks them (GPT-2's causal-mask attn.bias).
+  std::string base_model_prefix;
+  std::vector<std::pair<std::string, std::regex>> ignore_unexpected;  // (pattern text, regex)
   // The shape of piece k of stacked parameter `name` (whole shape `whole`, `count` pieces); empty
   // when the whole does not cut into `count` pieces.
   std::vector<int64_t> piece_shape(const std::string& name, const std::vector<int64_t>& whole, int64_t count,

@@ -561,7 +561,13 @@ add_test(NAME hf_deepseek_v3_resumed_equals_uninterrupted
                  --after 10 --rtol 1e-5)
 set_tests_properties(hf_deepseek_v3_resumed_equals_uninterrupted PROPERTIES FIXTURES_REQUIRED
                      "runs_hf_deepseek_v3_init_tp2_sp_s3_n4;runs_hf_deepseek_v3_init_resume_s1_n2")
-mfsdp_oracle(init_from RUNS hf_llama_init_tp2_s3_n4 hf_llama_init_meta_tp2_s3_n4 llama_init_meta_s3_n2
+# GPT-2's hub checkpoint layout: the base model's names (no "transformer." prefix) and the old
+# attn.bias buffers, both forgiven as from_pretrained forgives them (hf_export.json
+# base_model_prefix, ignore_unexpected); TP 2 with the tied head on the meta device.
+mfsdp_hf_run(hf_gpt2_init_base_tp2_s3_n4 4 gpt2 distributed.tp_size=2 distributed.zero_dp_strategy=3
+             distributed.init_fsdp_with_meta_device=true model.init_from=${HFX}/gpt2_base_pretrained)
+set_tests_properties(run_hf_gpt2_init_base_tp2_s3_n4 PROPERTIES FIXTURES_REQUIRED "train;hf_models;hf_init_weights")
+mfsdp_oracle(init_from RUNS hf_gpt2_init_base_tp2_s3_n4 hf_llama_init_tp2_s3_n4 hf_llama_init_meta_tp2_s3_n4 llama_init_meta_s3_n2
              hf_mixtral_init_tp2_s3_n4 hf_mixtral_init_meta_s3_n2 hf_deepseek_v3_init_tp2_sp_s3_n4
              hf_olmo_hybrid_init_tp2_sp_s3_n4)
 # A piece of a stacked parameter missing from the directory: named with the parameter.
