@@ -260,6 +260,15 @@ TEST_CASE("tp_plan: an ordered mapping of globs to styles, with packed parts") {
   CHECK(st.parts == std::vector<int64_t>{64, 32, 32});
   CHECK(parse_tp_style("colwise:1", st).empty());
   CHECK(st.parts.empty());
+  // Hugging Face's names of the same styles.
+  CHECK(parse_tp_style("colwise_gather_output", st).empty());
+  CHECK(st.kind == "colwise_rep");
+  CHECK(parse_tp_style("rowwise_split_input", st).empty());
+  CHECK(st.kind == "rowwise_rep");
+  CHECK(parse_tp_style("embedding_rowwise", st).empty());
+  CHECK(st.kind == "vocab_parallel");
+  CHECK(parse_tp_style("embedding_rowwise:2", st).find("only colwise takes packed parts") != std::string::npos);
+  CHECK(parse_tp_style("local_colwise", st).find("embedding_rowwise are colwise_rep") != std::string::npos);
   // It survives the YAML writer, and an override replaces it whole.
   Config again = load(to_yaml(c));
   CHECK(*again.distributed.tp_plan == plan);

@@ -38,9 +38,17 @@ std::string parse_tp_style(const std::string& text, TpStyle& out) {
   const std::string expected =
       "a style: colwise, colwise:N or colwise:A+B+C (packed parts), rowwise, colwise_rep, rowwise_rep, vocab_parallel, "
       "sequence_parallel, sequence_parallel_gather, sequence_gathered, sequence_whole, moe_experts, replicate or "
-      "replicated_with_grad_allreduce";
+      "replicated_with_grad_allreduce (Hugging Face's colwise_gather_output, rowwise_split_input and "
+      "embedding_rowwise are colwise_rep, rowwise_rep and vocab_parallel)";
   auto colon = text.find(':');
   out = TpStyle{text.substr(0, colon), {}};
+  // Hugging Face's names for the same styles (a base_model_tp_plan copied into the YAML):
+  // colwise_gather_output gathers the output (colwise_rep), rowwise_split_input slices a
+  // replicated input (rowwise_rep), embedding_rowwise splits an embedding's rows (the vocabulary).
+  static const std::pair<const char*, const char*> hf_names[] = {
+      {"colwise_gather_output", "colwise_rep"}, {"rowwise_split_input", "rowwise_rep"}, {"embedding_rowwise", "vocab_parallel"}};
+  for (const auto& [hf, ours] : hf_names)
+    if (out.kind == hf) out.kind = ours;
   bool known = false;
   for (const char* k : kinds) known = known || out.kind == k;
   if (!known) return expected;
