@@ -987,6 +987,13 @@ class TensorParallelImpl final : public TensorParallel {
     auto local = [&](int64_t p) { return p >= start && p < end ? p - start : int64_t(-1); };
     for (Node* n : g->nodes()) {
       if (n->kind() == c10::aten::embedding && n->inputs().size() >= 3) {  // traced: a constant
+        // scale_grad_by_freq divides a row's gradient by its count in the batch, and this rank's
+        // ids outside its rows are all clamped onto its first or last row: those counts would be off.
+        if (n->inputs().size() >= 4)
+          if (auto f = torch::jit::toIValue(n->input(3)); !f || !f->isBool() || f->toBool())
+            throw ConfigError(a_.plan_source + ": vocab_parallel module " + path + " scales its gradient by the ids' "
+                              "frequency (scale_grad_by_freq), which a split vocabulary cannot count; leave the module "
+                              "out of the plan");
         auto c = torch::jit::toIValue(n->input(2));
         if (!c || !c->isInt())
           throw ConfigError(a_.plan_source + ": vocab_parallel module " + path + ": its embedding's padding_idx is "
@@ -1002,6 +1009,16 @@ class TensorParallelImpl final : public TensorParallel {
         if (!fn || fn->function()->name() != "embedding") continue;
         const auto& args = fn->function()->getSchema().arguments();
         for (size_t i = 0; i < args.size(); ++i) {
+          if (args[i].name() == "scale_grad_by_freq" && i + 1 < n->inputs().size()) {
+            Value* v = n->input(i + 1);
+            std::optional<c10::IValue> f = torch::jit::toIValue(v);
+            if (!f && v->node()->kind() == c10::prim::GetAttr && v->node()->input(0) == g->inputs()[0])
+              f = mod.attr(v->node()->s(c10::attr::name));
+            if (!f || !f->isBool() || f->toBool())
+              throw ConfigError(a_.plan_source + ": vocab_parallel module " + path + " scales its gradient by the "
+                                "ids' frequency (scale_grad_by_freq), which a split vocabulary cannot count; leave the "
+                                "module out of the plan");
+          }
           if (args[i].name() != "padding_idx" || i + 1 >= n->inputs().size()) continue;
           Value* v = n->input(i + 1);
           std::optional<int64_t> p;

@@ -3,7 +3,8 @@
 of the fixture's text, gets no gradient), with a TP plan that splits the embedding over the
 vocabulary: padding_idx_model.py OUT.pt [--trace]. Scripted, F.embedding receives the index as an
 argument; traced, aten::embedding holds it as a constant. Under TP either must become the index of
-this rank's row, or none (tensor_parallel.cpp, localise_padding_idx)."""
+this rank's row, or none (tensor_parallel.cpp, localise_padding_idx). With --freq the embedding scales
+its gradient by the ids' frequency (scale_grad_by_freq), which TP must refuse."""
 import json
 import sys
 
@@ -25,7 +26,7 @@ class Block(nn.Module):
 class PaddedEmbeddingModel(nn.Module):
     def __init__(self, vocab=264, d=32):
         super().__init__()
-        self.emb = nn.Embedding(vocab, d, padding_idx=101)
+        self.emb = nn.Embedding(vocab, d, padding_idx=101, scale_grad_by_freq="--freq" in sys.argv)
         self.blocks = nn.ModuleList([Block(d), Block(d)])
         self.head = nn.Linear(d, vocab, bias=False)
 
