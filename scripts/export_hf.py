@@ -1357,6 +1357,11 @@ def main(argv=None):
             # first forward fails on a head view
             "head_counts": {k: v for c in (cfg, getattr(cfg, "text_config", None)) if c is not None
                             for k in HEAD_COUNTS if isinstance(v := getattr(c, k, None), int) and not isinstance(v, bool)},
+            # and its position limits (a learned position table has that many rows): named when a
+            # longer training.seq_length makes the first forward fail
+            "max_positions": {k: v for c in (cfg, getattr(cfg, "text_config", None)) if c is not None
+                              for k in ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len")
+                              if isinstance(v := getattr(c, k, None), int) and not isinstance(v, bool)},
             # the family's HF checkpoint names, where they differ from the model's (checkpoint_layout)
             "checkpoint_layout": layout,
             # what from_pretrained forgives a directory: a base model's names without the prefix

@@ -463,6 +463,21 @@ class Trainer {
                        join(bad, ", "), shape_.tp);
   }
 
+  // The exporter's record of the config's position limits (hf_export.json max_positions) that
+  // training.seq_length exceeds, as "; the model's config: n_positions 128 < ...", or "".
+  std::string exceeded_positions() const {
+    auto j = nlohmann::json::parse(model_->stored_hf_export(), nullptr, false);
+    if (!j.is_object() || !j.contains("max_positions") || !j["max_positions"].is_object()) return "";
+    std::vector<std::string> over;
+    for (auto it = j["max_positions"].begin(); it != j["max_positions"].end(); ++it)
+      if (it.value().is_number_integer() && it.value().get<int64_t>() < cfg_.training.seq_length)
+        over.push_back(fmt::format("{} {}", it.key(), it.value().get<int64_t>()));
+    if (over.empty()) return "";
+    return fmt::format(" (the model's config, mfsdp/hf_config.json: {}, shorter than training.seq_length {}: a learned "
+                       "position table has no rows past it)",
+                       join(over, ", "), cfg_.training.seq_length);
+  }
+
   int64_t probe_vocabulary() {
     at::NoGradGuard ng;
     model_->train(false);
@@ -491,7 +506,7 @@ class Trainer {
       }
       throw UserError(cfg_.model.path + fmt::format(": forward(tokens [1, {0}], position_ids [1, {0}]) failed; the model must follow ", T) +
                       "the contract forward(tokens: int64 [B, T], position_ids: int64 [B, T]) -> logits [B, T, V]: " +
-                      what.substr(0, what.find('\n')) +
+                      what.substr(0, what.find('\n')) + exceeded_positions() +
                       (shape_.tp > 1 ? fmt::format(" (with tp_size {} every rank holds 1/{} of each colwise output: the "
                                                    "attention's head counts, key/value heads included, must be divisible "
                                                    "by tp_size, and sizes must come from the projections' shapes{}{})",

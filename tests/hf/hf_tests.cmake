@@ -478,6 +478,13 @@ add_test(NAME hf_kv_heads_tp4_refused
                  ${MFSDP_MPIRUN} -np 4 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_kv_heads_tp4
                  model.path=${HFX}/llama.pt distributed.tp_size=4)
 set_tests_properties(hf_kv_heads_tp4_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models" PROCESSORS 4)
+# A training.seq_length past a learned position table: the first forward's index error is reported
+# with the config's position limits.
+add_test(NAME hf_seq_past_positions_refused
+         COMMAND ${EXPECT} 2 "index out of range in self \\(the model's config, mfsdp/hf_config.json: .*n_positions 128, shorter than training.seq_length 256" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_seq_past_positions
+                 model.path=${HFX}/gpt2.pt training.seq_length=256)
+set_tests_properties(hf_seq_past_positions_refused PROPERTIES FIXTURES_REQUIRED "train;hf_models")
 # Mixtral under TP + SP: every expert's slices of the 3-D gate_up_proj (two packed parts) and
 # down_proj written back as the whole tensors transformers loads.
 mfsdp_hf_run(hf_mixtral_ckpt_tp2_sp_s3_n4 4 mixtral distributed.tp_size=2 distributed.sequence_parallel=true
