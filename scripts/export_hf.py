@@ -860,6 +860,19 @@ def derive_tp_plan(model):
         if glob in plan or any(glob.startswith(p + ".") for p in plan):
             continue  # inside a gathered block (Qwen3's q/k norms keep their own style)
         plan[glob] = "sequence_parallel"
+    # A layer's own parameters beside its styled submodules (Dory's lambda_1 and lambda_2: per-channel
+    # rates mixing the residual stream with the attention's and the MLP's outputs) work on the
+    # residual stream, this rank's part of the sequence under SP: sequence_parallel, for the
+    # parameter alone (a style on the layer would reach every parameter below it).
+    keys = [glob_re(k) for k in plan]
+    for name, p in model.named_parameters():
+        if not p.requires_grad or not name.startswith(prefix + "."):
+            continue
+        parts = name.split(".")
+        owners = [".".join(parts[:i]) for i in range(1, len(parts))]
+        glob = re.sub(r"\.\d+\.", ".*.", name)
+        if "*" in glob and glob not in plan and not any(r.fullmatch(o) for r in keys for o in owners):
+            plan[glob] = "sequence_parallel"
     base = getattr(model, prefix)
 
     def trained_copy(m):  # PEFT's modules_to_save wrapper: the copy its forward calls

@@ -376,6 +376,31 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
       }
     }
   }
+  // Entries no module matched may name parameters: a module's own parameter beside its styled
+  // submodules (Dory's per-layer lambda_1 and lambda_2, rates applied to the residual stream between
+  // its attention and its MLP), which a style on the module would give to every parameter below it.
+  // Only the replicated styles apply to a parameter alone; it must not be styled already.
+  for (size_t e = 0; e < plan.entries.size(); ++e) {
+    if (used[e]) continue;
+    TpStyle style;
+    parse_tp_style(plan.entries[e].second, style);
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<std::string> names = model.params()[i].aliases;
+      names.insert(names.begin(), model.params()[i].name);
+      if (std::none_of(names.begin(), names.end(), [&](const std::string& nm) { return glob_match(plan.entries[e].first, nm); }))
+        continue;
+      const std::string& k = style.kind;
+      if (k != "sequence_parallel" && k != "replicated_with_grad_allreduce" && k != "replicate")
+        fail(e, "matches parameter " + model.params()[i].name + " and no module; a parameter alone takes "
+                "sequence_parallel, replicated_with_grad_allreduce or replicate (the other styles apply to modules)");
+      if (!a.param_styles[i].empty())
+        fail(e, "parameter " + model.params()[i].name + " already has the style " + a.param_styles[i] +
+                " from its module's entry");
+      ++used[e];
+      a.param_styles[i] = k + " (parameter)";
+      a.grad_sum[i] = k == "replicated_with_grad_allreduce" || (k == "sequence_parallel" && sp);
+    }
+  }
   // A split parameter must be split for every module that uses it: a tied weight split by the
   // output head's colwise is also the embedding's table, which then needs vocab_parallel.
   for (size_t i = 0; i < n; ++i) {
@@ -411,8 +436,8 @@ TpAssignment plan_tensor_parallel(const Model& model, const Config& cfg, int64_t
     }
   }
   for (size_t e = 0; e < plan.entries.size(); ++e)
-    if (!used[e]) fail(e, "matches no module of " + model.path() + " (patterns are globs over full module paths). The "
-                          "model's modules:\n" + model.module_tree());
+    if (!used[e]) fail(e, "matches no module of " + model.path() + " (patterns are globs over full module paths, or "
+                          "parameter paths for the replicated styles). The model's modules:\n" + model.module_tree());
   auto inside = [&](const char* kind, const std::string& name) {
     for (const auto& [path, style] : a.module_styles)
       if (style.kind == kind && name.rfind(path + ".", 0) == 0) return true;

@@ -39,6 +39,8 @@ export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 
 py "$here/tests/train/padding_idx_model.py" "$out/padding_idx.pt"
 py "$here/tests/train/padding_idx_model.py" "$out/padding_idx_traced.pt" --trace
 py "$here/tests/train/padding_idx_model.py" "$out/padding_idx_freq.pt" --freq
+# A block's own parameter beside its submodules, marked alone in the plan (blocks.*.rate).
+py "$here/tests/train/own_param_model.py" "$out/own_param.pt"
 # No repeated sibling modules: no FSDP unit is found.
 py "$here/tests/train/no_units_model.py" "$out/no_units.pt"
 for p in "${pids[@]}"; do wait "$p"; done  # set -e: a failed export fails the fixture
