@@ -887,6 +887,10 @@ def derive_tp_plan(model):
     if head is not None and isinstance(head, linear) and type(head).forward is linear.forward:
         head_name = next(n for n, m in model.named_modules() if m is head)
         plan[head_name] = "colwise"  # logits sharded over the vocabulary: vocab-parallel cross entropy
+    elif head is not None and any(True for _ in head.parameters()):
+        # Kept whole on every TP rank: under sequence parallelism its input is gathered and it
+        # returns the whole sequence's logits (its gradients whole, no sum).
+        plan[next(n for n, m in model.named_modules() if m is head)] = "sequence_whole"
     plan = {**front, **plan}  # first matching entry wins: the odd layers' own entries first
     origin = f"mfsdp's plan for {model.config.model_type}" if builtin else f"{type(model.config).__name__}.base_model_tp_plan"
     if len(base_plan) > len(planned):

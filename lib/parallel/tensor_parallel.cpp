@@ -685,6 +685,7 @@ class TensorParallelImpl final : public TensorParallel {
   }
 
   void rewrite_graphs() {
+    logits_path_ = logits_module(model_, a_.module_styles);  // before the rewrite: its calls change
     // Instances by TorchScript type: scripted modules of one class share one graph.
     std::map<const c10::ClassType*, std::vector<std::string>> instances;
     std::map<const c10::ClassType*, torch::jit::Module> any_instance;
@@ -902,6 +903,10 @@ class TensorParallelImpl final : public TensorParallel {
     }
     if (node->outputs().size() != 1)
       throw ConfigError(a_.plan_source + ": sequence_whole module " + path + " must return a Tensor or a tuple");
+    // An output head kept whole (one that is no plain linear layer: Dory's scales its logits by a
+    // vocabulary-sized parameter) returns the logits of the whole sequence on every TP rank, as the
+    // loss takes them; its input's gradient is still this rank's slice of the whole one.
+    if (path == logits_path_) return;
     Value* out = node->output();
     torch::jit::WithInsertPoint guard(node->next());
     if (is_tensor_value(out)) {
@@ -1355,6 +1360,7 @@ class TensorParallelImpl final : public TensorParallel {
   int64_t size_ = 1, rank_ = 0;
   bool sp_ = false, logits_sharded_ = false;
   int64_t head_vocab_ = 0;  // the sharded logits' global width (the head's rows), 0 if unknown
+  std::string logits_path_;  // the styled module whose output the model returns (logits_module)
   TpAssignment a_;
   std::set<std::string> called_;
   std::set<const torch::jit::Graph*> padding_localised_;  // embedding graphs whose padding_idx is local

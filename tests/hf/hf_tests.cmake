@@ -127,12 +127,17 @@ mfsdp_hf_run(hf_gemma3n_text_tp2_s1_n2 2 gemma3n_text distributed.tp_size=2 dist
 mfsdp_hf_run(hf_olmo_hybrid_tp2_sp_s3_n4 4 olmo_hybrid distributed.tp_size=2 distributed.sequence_parallel=true
              distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_jetmoe_s3_n2 2 jetmoe distributed.zero_dp_strategy=3)
-# Dory's layer run twice per forward, under strategy 3 with CP, and under TP; DBRX's expert loop.
+# Dory's layer run twice per forward, under strategy 3 with CP, and under TP; with SP its layers'
+# own rates marked alone (parameter entries) and its head, which scales its logits by a
+# vocabulary-sized parameter, kept whole (sequence_whole: the whole sequence's logits on every TP
+# rank); DBRX's expert loop.
 mfsdp_hf_run(hf_dory_cp2_s3_n2 2 dory distributed.cp_size=2 distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_dory_tp2_s1_n2 2 dory distributed.tp_size=2 distributed.zero_dp_strategy=1)
+mfsdp_hf_run(hf_dory_tp2_sp_s3_n4 4 dory distributed.tp_size=2 distributed.sequence_parallel=true
+             distributed.zero_dp_strategy=3)
 mfsdp_hf_run(hf_dbrx_s3_n2 2 dbrx distributed.zero_dp_strategy=3)
 list(APPEND hf_runs hf_gemma3n_text_tp2_s1_n2 hf_olmo_hybrid_tp2_sp_s3_n4 hf_jetmoe_s3_n2 hf_dory_cp2_s3_n2
-     hf_dory_tp2_s1_n2 hf_dbrx_s3_n2)
+     hf_dory_tp2_s1_n2 hf_dory_tp2_sp_s3_n4 hf_dbrx_s3_n2)
 add_test(NAME hf_gemma3n_sp_refused
          COMMAND ${EXPECT} 2 "whose dim 1 is not the sequence: sequence parallelism does not apply" --
                  ${MFSDP_MPIRUN} -np 2 ${MFSDP_BIN} train -c ${FX}/base.yaml run_dir=${FX}/hf_gemma3n_sp_refused
