@@ -129,10 +129,12 @@ void for_each_call(const std::string& path, const torch::jit::Module& m,
 
 std::string shape_str(const std::vector<int64_t>& s) { return "[" + fmt::format("{}", fmt::join(s, ", ")) + "]"; }
 
-// The styled module whose forward's output the model returns as its logits (through a few
-// single-input casts such as .float(), and into the graphs of unstyled wrapper modules such as a
-// PeftModel's base_model), in the graphs as exported; "" when the logits come from elsewhere.
-std::string logits_module(const Model& model, const std::vector<std::pair<std::string, TpStyle>>& styles) {
+// The styled module whose forward's output the model returns as its logits, followed back from
+// the return value through single-input ops (casts such as .float(), Gemma 2's soft cap) and into
+// the graphs of unstyled wrapper modules (a PeftModel's base_model, its model); "" when the logits
+// come from elsewhere, or from one of mfsdp's own ops (a gathered output, after the rewrite).
+// `styled(path)` says whether the plan styles a module.
+std::string logits_module(const Model& model, const std::function<bool(const std::string&)>& styled) {
   auto g = torch::jit::toGraphFunction(model.module().get_method("forward").function()).graph();
   std::string prefix;
   Value* v = g->return_node()->input(0);
@@ -142,9 +144,7 @@ std::string logits_module(const Model& model, const std::vector<std::pair<std::s
       auto rel = attr_chain(node->input(0), g->inputs()[0]);
       if (!rel || node->s(c10::attr::name) != "forward") return "";
       const std::string path = child_path(prefix, *rel);
-      bool styled = false;
-      for (const auto& [p, s] : styles) styled = styled || p == path;
-      if (styled) return path;
+      if (styled(path)) return path;
       torch::jit::Module sub = submodule_at(model.module(), path);
       g = torch::jit::toGraphFunction(sub.get_method("forward").function()).graph();
       prefix = path;
@@ -152,9 +152,16 @@ std::string logits_module(const Model& model, const std::vector<std::pair<std::s
       continue;
     }
     if (node->inputs().empty() || node->kind().is_prim() || !is_tensor_value(node->input(0))) return "";
+    if (std::string(node->kind().toQualString()).rfind("mfsdp::", 0) == 0) return "";
     v = node->input(0);
   }
   return "";
+}
+
+std::string logits_module(const Model& model, const std::vector<std::pair<std::string, TpStyle>>& styles) {
+  return logits_module(model, [&](const std::string& path) {
+    return std::any_of(styles.begin(), styles.end(), [&](const auto& ps) { return ps.first == path; });
+  });
 }
 
 bool style_splits_weight(const std::string& k) {
@@ -1317,41 +1324,17 @@ class TensorParallelImpl final : public TensorParallel {
     return false;
   }
 
-  // Logits are sharded when the model's return value comes from a colwise module's call (through
-  // at most a few single-input casts such as .float()).
-  // A call of an unstyled wrapper module (a PeftModel's base_model, its model) is followed into
-  // that module's graph.
+  // Logits are sharded when the model's return value comes from a colwise module's call
+  // (logits_module, on the rewritten graphs: a colwise_rep head's gathered output is not).
   void detect_sharded_logits() {
-    auto& fn = torch::jit::toGraphFunction(model_.module().get_method("forward").function());
-    auto g = fn.graph();
-    std::string prefix;
-    Value* v = g->return_node()->input(0);
-    for (int hop = 0; hop < 16; ++hop) {
-      Node* node = v->node();
-      if (node->kind() == c10::prim::CallMethod) {
-        auto rel = attr_chain(node->input(0), g->inputs()[0]);
-        if (!rel) return;
-        const std::string path = child_path(prefix, *rel);
-        const TpStyle* s = style_of(path);
-        if (!s && node->s(c10::attr::name) == "forward") {  // a wrapper: into its graph
-          torch::jit::Module sub = submodule_at(model_.module(), path);
-          g = torch::jit::toGraphFunction(sub.get_method("forward").function()).graph();
-          prefix = path;
-          v = g->return_node()->input(0);
-          continue;
-        }
-        logits_sharded_ = s && s->kind == "colwise";
-        if (logits_sharded_)
-          for (const auto& p : model_.params())
-            if (p.tp.split() && (p.name == path + ".weight" ||
-                                 std::find(p.aliases.begin(), p.aliases.end(), path + ".weight") != p.aliases.end()))
-              head_vocab_ = p.tp.global_shape[size_t(p.tp.dim)];
-        return;
-      }
-      if (node->inputs().empty() || node->kind().is_prim() || !is_tensor_value(node->input(0))) return;
-      if (std::string(node->kind().toQualString()).rfind("mfsdp::", 0) == 0) return;  // gathered
-      v = node->input(0);
-    }
+    const std::string path = logits_module(model_, [&](const std::string& p) { return style_of(p) != nullptr; });
+    const TpStyle* s = path.empty() ? nullptr : style_of(path);
+    logits_sharded_ = s && s->kind == "colwise";
+    if (logits_sharded_)
+      for (const auto& p : model_.params())
+        if (p.tp.split() && (p.name == path + ".weight" ||
+                             std::find(p.aliases.begin(), p.aliases.end(), path + ".weight") != p.aliases.end()))
+          head_vocab_ = p.tp.global_shape[size_t(p.tp.dim)];
   }
 
   Model& model_;

@@ -35,12 +35,11 @@ export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 
 export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --out "$out/gpt4.pt"
 # Residual dropout: activation checkpointing must replay the same masks in its recompute.
 export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --dropout 0.1 --out "$out/gpt_dropout.pt"
-# An embedding with a padding row (no gradient), split over the vocabulary under TP.
-py "$here/tests/train/padding_idx_model.py" "$out/padding_idx.pt"
-py "$here/tests/train/padding_idx_model.py" "$out/padding_idx_traced.pt" --trace
-py "$here/tests/train/padding_idx_model.py" "$out/padding_idx_freq.pt" --freq
-# A block's own parameter beside its submodules, marked alone in the plan (blocks.*.rate).
-py "$here/tests/train/own_param_model.py" "$out/own_param.pt"
+# Tensor-parallel edge cases (tests/train/tp_edge_models.py): an embedding's padding row split over
+# the vocabulary (scripted, traced, and with scale_grad_by_freq), a block's own parameter marked alone.
+for kind in padding_idx padding_idx_traced padding_idx_freq own_param; do
+  py "$here/tests/train/tp_edge_models.py" "$kind" "$out/$kind.pt"
+done
 # No repeated sibling modules: no FSDP unit is found.
 py "$here/tests/train/no_units_model.py" "$out/no_units.pt"
 for p in "${pids[@]}"; do wait "$p"; done  # set -e: a failed export fails the fixture
