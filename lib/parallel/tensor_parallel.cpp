@@ -568,9 +568,9 @@ std::string describe_tp_assignment(const Model& model, const TpAssignment& a, in
     std::vector<int64_t> local = p.tensor.sizes().vec();
     std::string split = "replicated";
     if (a.split_dim[i] >= 0 && tp > 1) {
-      int64_t rows = 0;  // padded slices (TpSplit)
-      for (int64_t part : a.parts[i]) rows += (part + tp - 1) / tp;
-      local[size_t(a.split_dim[i])] = rows;
+      TpSplit t;
+      t.dim = a.split_dim[i], t.parts = a.parts[i], t.size = tp;
+      local[size_t(a.split_dim[i])] = t.local_rows();  // padded slices of an uneven vocabulary
       split = fmt::format("dim {}{} -> {}", a.split_dim[i], a.parts[i].size() > 1 ? fmt::format(" ({} parts)", a.parts[i].size()) : "",
                           shape_str(local));
     }
@@ -730,11 +730,13 @@ class TensorParallelImpl final : public TensorParallel {
     detect_sharded_logits();
     // plan_tensor_parallel allowed an uneven colwise split only for the output head; the loss must
     // then see the logits sharded to mask the padding columns.
-    for (const auto& p : model_.params())
-      if (p.tp.padded() && !logits_sharded_ && a_.param_styles[size_t(&p - model_.params().data())].find("colwise") != std::string::npos)
+    for (size_t i = 0; i < model_.params().size(); ++i) {
+      const auto& p = model_.params()[i];
+      if (p.tp.padded() && !logits_sharded_ && a_.param_styles[i].find("colwise") != std::string::npos)
         throw ConfigError(a_.plan_source + ": parameter " + p.name + " is padded to split its " +
                           std::to_string(p.tp.global_shape[size_t(p.tp.dim)]) + " rows over tp_size " + std::to_string(size_) +
                           ", but the model's logits do not come back sharded from its colwise module");
+    }
   }
 
   void rewrite_block(torch::jit::Block* block, Value* self, const std::vector<std::string>& owners) {

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include <atomic>
 #include <csignal>
@@ -442,42 +443,41 @@ class Trainer {
     torch::manual_seed(uint64_t(cfg_.training.seed) + 100003ULL * uint64_t(mesh_->group_rank(MeshGroup::kDpCp)));
   }
 
-  // One forward of one sequence before training: checks the model contract (forward(tokens,
-  // position_ids) -> [B, T, V] logits) with a clear message, and learns V so that batches can be
-  // checked first. The sequence is this rank's training length (seq_length / cp_size): a trace
-  // may hold sizes fixed at export that only fit the lengths it will train at (DeepSeek V3.2's
-  // sparse-attention indexer keeps min(index_topk, T) of the keys: a traced constant k, which a
-  // two-token probe could not select).
-  // The exporter's record of the config's head counts (hf_export.json head_counts) that tp_size
-  // does not divide, as "; the model's config: num_key_value_heads 1 ...", or "".
-  std::string indivisible_head_counts() const {
+  // The integers an export_hf.py file records under `key` in mfsdp/hf_export.json (the config's
+  // head counts, its position limits) that `off` picks, as "name value" each; none for other files.
+  std::vector<std::string> hf_export_ints(const char* key, const std::function<bool(int64_t)>& off) const {
+    std::vector<std::string> out;
     auto j = nlohmann::json::parse(model_->stored_hf_export(), nullptr, false);
-    if (!j.is_object() || !j.contains("head_counts") || !j["head_counts"].is_object()) return "";
-    std::vector<std::string> bad;
-    for (auto it = j["head_counts"].begin(); it != j["head_counts"].end(); ++it)
-      if (it.value().is_number_integer() && it.value().get<int64_t>() % shape_.tp != 0)
-        bad.push_back(fmt::format("{} {}", it.key(), it.value().get<int64_t>()));
+    if (!j.is_object() || !j.contains(key) || !j[key].is_object()) return out;
+    for (auto it = j[key].begin(); it != j[key].end(); ++it)
+      if (it.value().is_number_integer() && off(it.value().get<int64_t>()))
+        out.push_back(fmt::format("{} {}", it.key(), it.value().get<int64_t>()));
+    return out;
+  }
+
+  // For the first forward's error: the config's head counts that tp_size does not divide, and its
+  // position limits that training.seq_length exceeds ("" when none).
+  std::string indivisible_head_counts() const {
+    const auto bad = hf_export_ints("head_counts", [&](int64_t v) { return v % shape_.tp != 0; });
     if (bad.empty()) return "";
     return fmt::format("; the model's config (mfsdp/hf_config.json): {}, not divisible by tp_size {}: use a tp_size "
                        "that divides every head count (mfsdp does not replicate key/value heads over TP ranks)",
                        join(bad, ", "), shape_.tp);
   }
-
-  // The exporter's record of the config's position limits (hf_export.json max_positions) that
-  // training.seq_length exceeds, as "; the model's config: n_positions 128 < ...", or "".
   std::string exceeded_positions() const {
-    auto j = nlohmann::json::parse(model_->stored_hf_export(), nullptr, false);
-    if (!j.is_object() || !j.contains("max_positions") || !j["max_positions"].is_object()) return "";
-    std::vector<std::string> over;
-    for (auto it = j["max_positions"].begin(); it != j["max_positions"].end(); ++it)
-      if (it.value().is_number_integer() && it.value().get<int64_t>() < cfg_.training.seq_length)
-        over.push_back(fmt::format("{} {}", it.key(), it.value().get<int64_t>()));
+    const auto over = hf_export_ints("max_positions", [&](int64_t v) { return v < cfg_.training.seq_length; });
     if (over.empty()) return "";
     return fmt::format(" (the model's config, mfsdp/hf_config.json: {}, shorter than training.seq_length {}: a learned "
                        "position table has no rows past it)",
                        join(over, ", "), cfg_.training.seq_length);
   }
 
+  // One forward of one sequence before training: checks the model contract (forward(tokens,
+  // position_ids) -> [B, T, V] logits) with a clear message, and learns V so that batches can be
+  // checked first. The sequence is this rank's training length (seq_length / cp_size): a trace
+  // may hold sizes fixed at export that only fit the lengths it will train at (DeepSeek V3.2's
+  // sparse-attention indexer keeps min(index_topk, T) of the keys: a traced constant k, which a
+  // two-token probe could not select).
   int64_t probe_vocabulary() {
     at::NoGradGuard ng;
     model_->train(false);
