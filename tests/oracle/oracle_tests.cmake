@@ -55,6 +55,11 @@ mfsdp_oracle(llama RUNS llama_np1 llama_dp2 llama_s3_n4 llama_tp2_sp llama_tp2_s
              llama_cp2_tp2_sp_s3 llama_cp4_p2p)
 # A model written apart from our exporter (tests/train/foreign_model.py), plain and in the Hugging
 # Face layout, with its TP plan in YAML.
+# The TP edge-case models (tests/train/tp_edge_models.py): an embedding's padding row split over
+# the vocabulary at TP 4, a block's own rate marked alone at TP 2 + SP, against PyTorch training
+# the same TorchScript files.
+mfsdp_oracle(tp_edge_models RUNS padding_idx_np1 padding_idx_tp4_n4 padding_idx_traced_tp4_n4 own_param_np1
+             own_param_tp2_sp_s3_n4)
 mfsdp_oracle(foreign_models RUNS foreign_np1 foreign_tp2_sp_s3_n4 foreign_hf_np1 foreign_hf_tp2_sp_s3_n4)
 mfsdp_oracle(loss_mask_and_decay RUNS eod_np1 eod_s3_n4 eod_s0_n2_mean eod_np1_mean eod_cp2_tp2_s3 decay_norms
              decay_weights_only)
