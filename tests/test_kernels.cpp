@@ -292,3 +292,14 @@ TEST_CASE("SwiGLU and rotary graph rewrites: chunk and slice forms, operand orde
   CHECK(graph.find("mfsdp::silu_mul") != std::string::npos);
   CHECK(graph.find("aten::silu") == std::string::npos);
 }
+
+TEST_CASE("The GPU kernels' check (verify_device_fast_ops), run on the CPU's kernels: all three agree with ATen") {
+  // On a GPU this decides which kernels the graphs use; here it runs the same comparisons (fp32 and
+  // bf16, forward and backward, a transposed query with broadcast tables) on the CPU kernels.
+  const DeviceKernelCheck c = verify_device_fast_ops(c10::Device(c10::kCPU));
+  INFO(c.report);
+  CHECK(c.rms);
+  CHECK(c.swiglu);
+  CHECK(c.rotary);
+  CHECK(c.report.empty());
+}

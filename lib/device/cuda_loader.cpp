@@ -85,6 +85,8 @@ Loaded& plugin_state() {
       }
       state.api = api;
       state.path = path;
+      // The fused ops' GPU kernels (model/device_fast_ops.h), checked on the GPU before first use.
+      set_device_fast_ops(api->fast_ops());
       return;
     }
     state.error = "the CUDA plugin libmfsdp_cuda.so was not found (looked at " + tried +

@@ -7,6 +7,11 @@ extern "C" __attribute__((visibility("default"))) const mfsdp::CudaPluginApi* mf
       mfsdp::kCudaPluginAbi, p::device_count,          p::select_device,   p::synchronize,
       p::device_memory,      p::reset_device_peak,     p::describe_device, p::make_nccl_communicator,
       p::make_nccl_world,    p::make_nccl_split,       p::make_staged_communicator,
+#ifdef MFSDP_HAVE_CUDA_KERNELS
+      p::fast_ops,
+#else
+      [] { return static_cast<const mfsdp::DeviceFastOps*>(nullptr); },
+#endif
   };
   return &api;
 }

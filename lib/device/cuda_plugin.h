@@ -19,11 +19,12 @@
 
 #include "comm/communicator.h"
 #include "device/device.h"
+#include "model/device_fast_ops.h"
 
 namespace mfsdp {
 
 // Raised when the table's layout changes; the loader refuses a plugin of another build.
-inline constexpr int kCudaPluginAbi = 1;
+inline constexpr int kCudaPluginAbi = 2;
 
 struct CudaPluginApi {
   int abi;
@@ -39,6 +40,8 @@ struct CudaPluginApi {
   std::unique_ptr<Communicator> (*make_nccl_split)(Communicator& world, int color, int key, std::string name,
                                                    std::vector<int> members);
   std::unique_ptr<Communicator> (*make_staged_communicator)(Communicator& host);
+  // The GPU kernels of mfsdp's fused ops; nullptr when the plugin was built without nvcc.
+  const DeviceFastOps* (*fast_ops)();
 };
 
 // training.device cuda on a node without a usable GPU: the ConfigError naming `where`. Defined by
@@ -58,6 +61,7 @@ std::unique_ptr<Communicator> make_nccl_world(std::string name);
 std::unique_ptr<Communicator> make_nccl_split(Communicator& world, int color, int key, std::string name,
                                               std::vector<int> members);
 std::unique_ptr<Communicator> make_staged_communicator(Communicator& host);
+const DeviceFastOps* fast_ops();
 }  // namespace cuda_plugin
 
 }  // namespace mfsdp

@@ -6,6 +6,8 @@
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/library.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "model/cpu_kernels.h"
+#include "model/device_fast_ops.h"
 #include "model/graph_rewrite.h"
 
 namespace mfsdp {
@@ -27,10 +30,21 @@ bool is_float_tensor_type(const torch::jit::Value* v) {
   return t && (!t->scalarType() || *t->scalarType() == at::kFloat);
 }
 
-bool ours(const at::Tensor& x) {
-  return x.device().is_cpu() && x.layout() == at::kStrided &&
-         (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
+// The GPU kernels lent by the CUDA plugin (device_fast_ops.h), and which of them passed their check
+// on this run's GPU (verify_device_fast_ops): a graph calls one only after that.
+const DeviceFastOps* device_ops = nullptr;
+enum class Op { kRms, kSwiglu, kRotary };
+bool gpu_on[3] = {false, false, false};
+
+bool on_gpu(const at::Tensor& x, Op op) { return x.is_cuda() && gpu_on[int(op)]; }
+
+bool float_or_bf16(const at::Tensor& x) {
+  return x.layout() == at::kStrided && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16);
 }
+// A tensor a kernel of `op` takes: on the CPU, or on a GPU where that op's kernel passed its check.
+bool ours(const at::Tensor& x, Op op) { return (x.device().is_cpu() || on_gpu(x, op)) && float_or_bf16(x); }
+// GELU's kernels are the CPU's alone: ATen's CUDA GELU is one kernel each way already.
+bool cpu_ours(const at::Tensor& x) { return x.device().is_cpu() && float_or_bf16(x); }
 
 // Elements in chunks of 64 Ki over at::parallel_for: the kernels are per element, so any split
 // gives the same result.
@@ -63,9 +77,12 @@ struct GeluTanh : public torch::autograd::Function<GeluTanh> {
 
 at::Tensor gelu_tanh_autograd(const at::Tensor& x) { return GeluTanh::apply(x); }
 
+// fp32 rows on the CPU; on a GPU, fp32 or bf16 rows through ATen's fused RMSNorm kernel
+// (at::_fused_rms_norm: the one torch.nn.functional.rms_norm runs on CUDA), without a weight.
 bool rms_ours(const at::Tensor& x) {
-  return x.device().is_cpu() && x.layout() == at::kStrided && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
-         x.size(-1) > 0;
+  if (x.layout() != at::kStrided || x.dim() < 1 || x.size(-1) == 0) return false;
+  if (on_gpu(x, Op::kRms)) return x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16;
+  return x.device().is_cpu() && x.scalar_type() == at::kFloat;
 }
 
 // What the replaced ops computed, for inputs the kernel does not take.
@@ -89,6 +106,11 @@ at::Tensor rms_forward(const at::Tensor& xc, double eps, at::Tensor& r) {
 struct RmsScale : public torch::autograd::Function<RmsScale> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double eps) {
     const at::Tensor xc = x.contiguous();
+    if (xc.is_cuda()) {
+      auto [y, rstd] = at::_fused_rms_norm(xc, {xc.size(-1)}, std::nullopt, eps);
+      ctx->save_for_backward({xc, rstd});
+      return y;
+    }
     at::Tensor r;
     at::Tensor y = rms_forward(xc, eps, r);
     ctx->save_for_backward({xc, r});
@@ -97,6 +119,11 @@ struct RmsScale : public torch::autograd::Function<RmsScale> {
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &r = saved[1];
+    if (x.is_cuda()) {
+      const at::Tensor gx = g[0].scalar_type() == x.scalar_type() ? g[0] : g[0].to(x.scalar_type());
+      auto grads = at::_fused_rms_norm_backward(gx, x, {x.size(-1)}, r, std::nullopt, {true, false});
+      return {std::get<0>(grads), at::Tensor()};
+    }
     const at::Tensor gc = g[0].to(at::kFloat).contiguous();
     const int64_t d = x.size(-1), rows = x.numel() / d;
     at::Tensor dx = at::empty_like(x);
@@ -114,6 +141,7 @@ at::Tensor rms_scale_autograd(const at::Tensor& x, double eps) {
 }
 at::Tensor rms_scale_plain(const at::Tensor& x, double eps) {
   if (!rms_ours(x)) return rms_scale_aten(x, eps);
+  if (x.is_cuda()) return std::get<0>(at::_fused_rms_norm(x.contiguous(), {x.size(-1)}, std::nullopt, eps));
   at::Tensor r;
   return rms_forward(x.contiguous(), eps, r);
 }
@@ -260,11 +288,13 @@ bool replace_gelu(torch::jit::Node* node) {
 // ---- SwiGLU: silu(a) * b ------------------------------------------------------------------------
 
 bool same_and_ours(const at::Tensor& a, const at::Tensor& b) {
-  return ours(a) && ours(b) && a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
+  return ours(a, Op::kSwiglu) && ours(b, Op::kSwiglu) && a.device() == b.device() &&
+         a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes();
 }
 
 
 at::Tensor silu_mul_kernel(const at::Tensor& ac, const at::Tensor& bc) {
+  if (ac.is_cuda()) return device_ops->silu_mul(ac, bc);
   at::Tensor y = at::empty_like(ac);
   by_dtype(
       ac,
@@ -291,6 +321,10 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &a = saved[0], &b = saved[1];
     const at::Tensor gc = g[0].to(a.scalar_type()).contiguous();
+    if (a.is_cuda()) {
+      auto [da, db] = device_ops->silu_mul_backward(gc, a, b);
+      return {da, db};
+    }
     at::Tensor da = at::empty_like(a), db = at::empty_like(b);
     by_dtype(
         a,
@@ -342,7 +376,8 @@ at::Tensor rotary_aten(const at::Tensor& x, const at::Tensor& cos, const at::Ten
 // x [B, H, T, D]).
 bool rotary_ours(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
                  int64_t cat_dim) {
-  if (!ours(x) || x.dim() < 1 || !ours(cos) || !ours(sin) || cos.scalar_type() != x.scalar_type() ||
+  if (!ours(x, Op::kRotary) || x.dim() < 1 || !ours(cos, Op::kRotary) || !ours(sin, Op::kRotary) ||
+      cos.device() != x.device() || sin.device() != x.device() || cos.scalar_type() != x.scalar_type() ||
       sin.scalar_type() != x.scalar_type() || cos.dim() > x.dim() || sin.dim() > x.dim())
     return false;
   const int64_t last = x.dim() - 1;
@@ -404,6 +439,7 @@ template <bool kBackward>
 at::Tensor rotary_kernel(const at::Tensor& in0, const at::Tensor& cos0, const at::Tensor& sin0) {
   const at::Tensor in = unit_last(in0);
   const at::Tensor cos = unit_last(cos0).expand(in.sizes()), sin = unit_last(sin0).expand(in.sizes());
+  if (in.is_cuda()) return device_ops->rotary(in, cos, sin, kBackward);
   if (in.scalar_type() == at::kFloat)
     return rotary_rows<float>(in, cos, sin, kBackward ? rotary_backward : rotary_forward);
   return rotary_rows<uint16_t>(in, cos, sin, kBackward ? rotary_backward_bf16 : rotary_forward_bf16);
@@ -649,7 +685,7 @@ bool replace_rotary(torch::jit::Node* add) {
 }  // namespace
 
 at::Tensor gelu_tanh(const at::Tensor& x) {
-  if (!ours(x)) return at::gelu(x, "tanh");
+  if (!cpu_ours(x)) return at::gelu(x, "tanh");
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty_like(xc);
   by_dtype(
@@ -668,7 +704,7 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
 }
 
 at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x) {
-  if (!ours(x) || g.scalar_type() != x.scalar_type() || g.sizes() != x.sizes())
+  if (!cpu_ours(x) || g.scalar_type() != x.scalar_type() || g.sizes() != x.sizes())
     return at::gelu_backward(g, x, "tanh");
   const at::Tensor xc = x.contiguous(), gc = g.contiguous();
   at::Tensor dx = at::empty_like(xc);
@@ -686,6 +722,101 @@ at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x) {
       });
   return dx;
 }
+
+namespace {
+
+// ---- the GPU kernels' check -------------------------------------------------------------------
+
+at::Tensor h_to(const at::Tensor& h, c10::Device device, at::ScalarType dtype, bool grad) {
+  return h.to(device, dtype).detach().requires_grad_(grad);
+}
+
+// max |a - b| / max(1, max |b|), in fp32.
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor af = a.to(at::kFloat), bf = b.to(at::kFloat);
+  const double scale = std::max(1.0, bf.abs().max().item<double>());
+  return (af - bf).abs().max().item<double>() / scale;
+}
+
+// The largest difference between `ours` and `aten` over the output and the gradients of the first
+// `with_grad` inputs, in fp32 and in bf16, for inputs made by `make` (CPU random numbers of a
+// generator of its own, so that the run's random streams are untouched) on `device`.
+template <typename Make, typename Ours, typename Aten>
+std::pair<double, double> compare_on(c10::Device device, size_t with_grad, Make make, Ours ours_fn, Aten aten_fn) {
+  std::pair<double, double> worst{0, 0};
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::Generator gen = at::detail::createCPUGenerator(20261206);
+    auto randn = [&](at::IntArrayRef sizes) { return at::randn(sizes, gen, at::TensorOptions(at::kFloat)); };
+    const std::vector<at::Tensor> host = make(randn);
+    std::vector<at::Tensor> ins[2];
+    at::Tensor outs[2];
+    variable_list grads[2];
+    for (int k = 0; k < 2; ++k) {
+      for (size_t i = 0; i < host.size(); ++i) ins[k].push_back(h_to(host[i], device, dtype, i < with_grad));
+      outs[k] = k == 0 ? ours_fn(ins[k]) : aten_fn(ins[k]);
+    }
+    const at::Tensor g = randn(outs[1].sizes()).to(device, dtype);
+    for (int k = 0; k < 2; ++k)
+      grads[k] = torch::autograd::grad({outs[k]}, variable_list(ins[k].begin(), ins[k].begin() + with_grad), {g});
+    double d = rel_diff(outs[0], outs[1]);
+    for (size_t i = 0; i < grads[0].size(); ++i) d = std::max(d, rel_diff(grads[0][i], grads[1][i]));
+    (dtype == at::kFloat ? worst.first : worst.second) = d;
+  }
+  return worst;
+}
+
+}  // namespace
+
+DeviceKernelCheck verify_device_fast_ops(c10::Device device) {
+  DeviceKernelCheck c;
+  const at::AutoGradMode grad_on(true);
+  // On the CPU the same comparison runs the CPU kernels (what tests/test_kernels.cpp checks of this
+  // function), and leaves the GPU's switches alone.
+  const bool gpu = device.is_cuda();
+  auto check = [&](Op op, const char* name, bool available, size_t with_grad, auto make, auto ours_fn,
+                   auto aten_fn) {
+    if (gpu && !available) {
+      c.report += fmt::format("; {} kept ATen's (the CUDA plugin was built without nvcc)", name);
+      return false;
+    }
+    if (gpu) gpu_on[int(op)] = true;
+    std::pair<double, double> d;
+    try {
+      d = compare_on(device, with_grad, make, ours_fn, aten_fn);
+    } catch (const std::exception& e) {
+      if (gpu) gpu_on[int(op)] = false;
+      const std::string what = e.what();
+      c.report += fmt::format("; {} kept ATen's (its kernel failed: {})", name, what.substr(0, what.find('\n')));
+      return false;
+    }
+    // fp32: the order of a row's sum and expf against ATen's; bf16: one rounding against ATen's two.
+    const bool agree = d.first <= 1e-5 && d.second <= 2e-2;
+    if (gpu) gpu_on[int(op)] = agree;
+    if (!agree)
+      c.report += fmt::format("; {} kept ATen's (differs from it by {:.2e} in fp32, {:.2e} in bf16)", name, d.first,
+                              d.second);
+    return agree;
+  };
+  using Tensors = std::vector<at::Tensor>;
+  c.rms = check(
+      Op::kRms, "RMSNorm scaling", true, 1, [](auto randn) { return Tensors{randn({3, 5, 96}) * 2 + 0.5}; },
+      [](const Tensors& t) { return rms_scale_autograd(t[0], 1e-6); },
+      [](const Tensors& t) { return rms_scale_aten(t[0], 1e-6); });
+  c.swiglu = check(
+      Op::kSwiglu, "SwiGLU gate", device_ops != nullptr, 2,
+      [](auto randn) { return Tensors{randn({4, 7, 33}) * 3, randn({4, 7, 33})}; },
+      [](const Tensors& t) { return silu_mul_autograd(t[0], t[1]); },
+      [](const Tensors& t) { return at::silu(t[0]) * t[1]; });
+  // x as HF's attention makes it (a transposed view of [B, T, H, D]), cos and sin [B, 1, T, D].
+  c.rotary = check(
+      Op::kRotary, "rotary embedding", device_ops != nullptr, 1,
+      [](auto randn) { return Tensors{randn({2, 9, 3, 16}), randn({2, 1, 9, 16}), randn({2, 1, 9, 16})}; },
+      [](const Tensors& t) { return rotary_autograd(t[0].transpose(1, 2), t[1], t[2], -1, kSplitFloor, -1); },
+      [](const Tensors& t) { return rotary_aten(t[0].transpose(1, 2), t[1], t[2], -1, kSplitFloor, -1); });
+  return c;
+}
+
+void set_device_fast_ops(const DeviceFastOps* ops) { device_ops = ops; }
 
 int use_fast_gelu(torch::jit::Module& root) {
   return rewrite_nodes(root, {c10::aten::gelu, c10::aten::tanh}, [](torch::jit::Node* node) {

@@ -6,6 +6,8 @@
 #pragma once
 #include <torch/csrc/jit/api/module.h>
 
+#include <string>
+
 namespace mfsdp {
 
 // Replaces every aten::gelu(x, "tanh") in the module's graphs by mfsdp::gelu_tanh(x), once per
@@ -31,6 +33,19 @@ int use_fast_rotary(torch::jit::Module& root);
 // split: >= 0 a constant, -1 size(x, dim) // 2, -2 x.chunk(2, dim)'s.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
                   int64_t cat_dim);
+
+// On a GPU, the three ops above take kernels of the CUDA plugin (model/device_fast_ops.h; RMSNorm's
+// is ATen's fused one) only once they have been run here, forward and backward in fp32 and bf16 on
+// small random inputs, against ATen's ops on `device`: fp32 within 1e-5 and bf16 within 2e-2 of
+// the largest value (the kernels were built on a machine without a GPU). Those that differ, fail
+// or are absent stay ATen's; `report` names them ("; <op> kept ATen's (why)" each). On the CPU the
+// same comparison runs the CPU kernels and switches nothing. GELU stays ATen's on the GPU (one
+// kernel each way already).
+struct DeviceKernelCheck {
+  bool rms = false, swiglu = false, rotary = false;
+  std::string report;
+};
+DeviceKernelCheck verify_device_fast_ops(c10::Device device);
 
 // The op's forward and backward (for tests): y = GELU_tanh(x); dx = g * GELU_tanh'(x).
 at::Tensor gelu_tanh(const at::Tensor& x);

@@ -142,15 +142,29 @@ Model Model::load(const std::string& path, bool on_meta, c10::Device device) {
   return m;
 }
 
-std::string Model::use_cpu_kernels() {
-  if (!device_.is_cpu()) return "";
+std::string Model::use_fast_kernels() {
   auto off = [](const char* knob) {
     const char* v = std::getenv(knob);
     return v && std::string(v) == "off";
   };
+  // MFSDP_FAST_GELU=off / MFSDP_FAST_RMSNORM=off / MFSDP_FAST_SWIGLU=off / MFSDP_FAST_ROTARY=off keep
+  // ATen's (bench/ measures both ways).
+  if (device_.is_cuda()) {
+    // RMSNorm's scaling, SwiGLU's gate and the rotary embedding through the GPU kernels that pass
+    // their check on this GPU (fast_ops.h: verify_device_fast_ops); GELU stays ATen's.
+    const DeviceKernelCheck c = verify_device_fast_ops(device_);
+    const int rms = c.rms && !off("MFSDP_FAST_RMSNORM") ? use_fast_rms_norm(module_) : 0;
+    const int swiglu = c.swiglu && !off("MFSDP_FAST_SWIGLU") ? use_fast_swiglu(module_) : 0;
+    const int rotary = c.rotary && !off("MFSDP_FAST_ROTARY") ? use_fast_rotary(module_) : 0;
+    if (rms + swiglu + rotary == 0 && c.report.empty()) return "";
+    return fmt::format(
+        "mfsdp's GPU kernels (checked against ATen on {}): {} RMSNorm scaling(s), {} SwiGLU gate(s), {} rotary "
+        "embedding(s){}",
+        device_.str(), rms, swiglu, rotary, c.report);
+  }
+  if (!device_.is_cpu()) return "";
   // GELU's tanh form, RMSNorm's scaling, SwiGLU's gate and the rotary embedding through mfsdp's CPU
-  // kernels (model/fast_ops.h); MFSDP_FAST_GELU=off / MFSDP_FAST_RMSNORM=off / MFSDP_FAST_SWIGLU=off /
-  // MFSDP_FAST_ROTARY=off keep ATen's (bench/ measures both ways).
+  // kernels (model/fast_ops.h).
   const int gelu = off("MFSDP_FAST_GELU") ? 0 : use_fast_gelu(module_);
   const int rms = off("MFSDP_FAST_RMSNORM") ? 0 : use_fast_rms_norm(module_);
   const int swiglu = off("MFSDP_FAST_SWIGLU") ? 0 : use_fast_swiglu(module_);

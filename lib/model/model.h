@@ -105,10 +105,11 @@ class Model {
   std::string find_units(const std::optional<std::vector<std::string>>& patterns, const std::string& where);
 
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& position_ids);
-  // Training on CPU: GELU (tanh) and RMSNorm's scaling through mfsdp's kernels (model/fast_ops.h),
-  // graph rewrites made before the first call. Not for a model that is saved again (export): the
-  // file would call mfsdp's ops. Returns a line to log, or "".
-  std::string use_cpu_kernels();
+  // GELU (tanh), RMSNorm's scaling, SwiGLU's gate and the rotary embedding through mfsdp's kernels
+  // (model/fast_ops.h): on the CPU all four; on a GPU the last three, each once its kernel has
+  // passed its check against ATen there. Graph rewrites made before the first call. Not for a model
+  // that is saved again (export): the file would call mfsdp's ops. Returns a line to log, or "".
+  std::string use_fast_kernels();
   void train(bool on) { module_.train(on); }
   // Casts every floating parameter (and buffer) to `dtype` in place of the old tensors.
   void cast(at::ScalarType dtype);

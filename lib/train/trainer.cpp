@@ -295,7 +295,7 @@ class Trainer {
 
     model_ = std::make_unique<Model>(Model::load(cfg_.model.path, cfg_.distributed.init_fsdp_with_meta_device, device_));
     if (!model_->load_note().empty()) log(model_->load_note());
-    if (const std::string k = model_->use_cpu_kernels(); !k.empty()) log(k);
+    if (const std::string k = model_->use_fast_kernels(); !k.empty()) log(k);
     check_traced_dtype(*model_, cfg_);
     const std::string units = model_->find_units(cfg_.distributed.megatron_fsdp_unit_modules,
                                                  cfg_.where("distributed.megatron_fsdp_unit_modules"));
