@@ -78,6 +78,7 @@ struct Bucket {
   at::Tensor grad_full;   // full gradients: persistent (0-1) or per backward (2-3)
   at::Tensor grad_shard;  // the optimizer's gradients: = grad_full (0) or this rank's shard
   int pending = 0;        // gradients still to arrive in this backward
+  bool ready = false;     // every gradient of this backward arrived: its reduction may start in turn
   bool reduced_this_micro = false;
   std::vector<PendingReduce> reduces;
   int64_t dbuf_offset = 0;  // element offset in the double buffer of its unit
@@ -112,6 +113,11 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     S_ = strategy_ == 0 ? 1 : shard_.size();
     r_ = strategy_ == 0 ? 0 : shard_.rank();
     build_buckets(cfg);
+    // The one order in which every rank starts the buckets' reductions (launch_in_order): units from
+    // the last to the first (backward's order), then the buckets outside units; frozen ones never.
+    for (int pass = 0; pass < 2; ++pass)
+      for (int bi = int(buckets_.size()) - 1; bi >= 0; --bi)
+        if (!buckets_[bi].frozen && (buckets_[bi].unit >= 0) == (pass == 0)) launch_order_.push_back(bi);
     for (size_t b = 0; b < buckets_.size(); ++b) build_buffers(buckets_[b], int(b));
     build_slots(cfg);
     if (model_.loaded_on_meta()) init_note_ = "; weights initialised shard by shard (init_fsdp_with_meta_device)";
@@ -143,15 +149,22 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     norms_ready_ = false;
     for (auto& b : buckets_) {
       if (b.frozen) continue;
-      if (strategy_ <= 1) b.grad_full.zero_();
+      // Strategies 0-1: the persistent gradient buffer is not zeroed here; each parameter's first
+      // gradient of the step is copied into it and the later ones added (on_grad_ready), and a
+      // parameter that got none is zeroed when its bucket's reduction starts (settle_unwritten).
+      // That is one pass less over every gradient per step (the zeroing) and a copy for an add.
+      if (strategy_ <= 1)
+        for (int pi : b.params) written_[pi] = 0;
       if (strategy_ >= 1) b.grad_shard.zero_();
     }
   }
 
   void start_micro_batch(bool last) override {
     last_micro_ = last;
+    next_launch_ = 0;
     for (auto& b : buckets_) {
       b.pending = int(b.params.size());
+      b.ready = false;
       b.reduced_this_micro = false;
     }
   }
@@ -194,12 +207,16 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
           b.grad_full = at::zeros({b.padded}, opt(gd_));
           track(b.padded * at::elementSize(gd_));
         }
-        b.grad_full.narrow(0, info.offset, info.numel).add_(g.reshape({-1}));
+        at::Tensor dst = b.grad_full.narrow(0, info.offset, info.numel);
+        if (strategy_ <= 1 && !written_[pi]) dst.copy_(g.reshape({-1}));
+        else dst.add_(g.reshape({-1}));
+        written_[pi] = 1;
       }
     }
     p.tensor.mutable_grad() = at::Tensor();  // the main gradient holds it now
     if (--b.pending == 0) {
-      if (d_.overlap_grad_reduce && (last_micro_ || strategy_ >= 2)) launch_reduce(b);
+      b.ready = true;
+      if (d_.overlap_grad_reduce && (last_micro_ || strategy_ >= 2)) launch_in_order();
       retire_finished_reduces();
     }
   }
@@ -235,10 +252,46 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   }
 
   void end_micro_batch() override {
-    // Strategies 2-3 reduce every backward; without overlap this is where it starts.
-    if (strategy_ >= 2)
-      for (auto& b : buckets_)
-        if (!b.reduced_this_micro && b.grad_full.defined()) launch_reduce(b);
+    // Strategies 2-3 reduce every backward, 0-1 the last one: what has not started yet starts here,
+    // before the trainer's own collectives (the loss sums), so that every rank issues the same
+    // sequence whichever buckets its backward completed.
+    if (strategy_ >= 2 || last_micro_) launch_remaining();
+  }
+
+  // Collectives must be issued in the same order on every rank: NCCL (and MPI) match them by order,
+  // so two ranks that start bucket reductions in different orders exchange the wrong buffers, or
+  // hang. Which buckets' gradients are complete, and when, can differ between ranks: a parameter
+  // that a rank's batch does not reach (an MoE expert that got no tokens, a branch the data did not
+  // take) gets no gradient there, so its bucket is never ready in that backward. A ready bucket
+  // therefore starts only when every bucket before it in launch_order_ has started; the rest start
+  // at the end of the backward, in that order (launch_remaining). In the usual backward, buckets
+  // become ready in exactly that order and each starts at once.
+  void launch_in_order() {
+    while (next_launch_ < launch_order_.size()) {
+      Bucket& b = buckets_[launch_order_[next_launch_]];
+      if (!b.reduced_this_micro) {
+        if (!b.ready) return;
+        launch_reduce(b);
+      }
+      ++next_launch_;
+    }
+  }
+
+  // Every bucket not yet started, in launch_order_, whether or not its gradients came: one that got
+  // none in this backward reduces zeros (strategies 2-3 allocate them here; 0-1 zero the parameters
+  // that got none, settle_unwritten), since other ranks may hold gradients for it.
+  void launch_remaining() {
+    for (int bi : launch_order_) {
+      Bucket& b = buckets_[bi];
+      if (b.reduced_this_micro) continue;
+      if (!b.grad_full.defined()) {
+        at::NoGradGuard ng;
+        b.grad_full = at::zeros({b.padded}, opt(gd_));
+        track(b.padded * at::elementSize(gd_));
+      }
+      launch_reduce(b);
+    }
+    next_launch_ = launch_order_.size();
   }
 
   // Without TP a bucket's gradients are final once its own reductions are in: it is scaled and its
@@ -246,8 +299,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   // progress thread (or the GPU's stream), so grad_norm() has only the partial sums left to add.
   // With TP the sequence-parallel sum over tp comes after every bucket, and the norm after it.
   void finish_grad_sync(double scale) override {
-    for (auto& b : buckets_)
-      if (!b.frozen && !b.reduced_this_micro && (strategy_ <= 1 || b.grad_full.defined())) launch_reduce(b);
+    launch_remaining();
     const bool early = tp_.size() == 1;
     for (auto& b : buckets_) {
       if (b.frozen) continue;
@@ -464,6 +516,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   void build_buckets(const Config& cfg) {
     const auto& params = model_.params();
     info_.resize(params.size());
+    written_.assign(params.size(), 0);
     auto add1 = [&](std::string name, int unit, const std::vector<int>& members, bool frozen) {
       Bucket b;
       b.name = std::move(name);
@@ -717,9 +770,22 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     }
   }
 
+  // Strategies 0-1, before a bucket's gradients are read: the regions of parameters that received
+  // no gradient this step (unused by every micro-batch) still hold an earlier step's; zero them.
+  // (Padding is zero from the buffer's allocation and never written.)
+  void settle_unwritten(Bucket& b) {
+    if (strategy_ > 1) return;
+    for (int pi : b.params)
+      if (!written_[pi]) {
+        b.grad_full.narrow(0, info_[pi].offset, info_[pi].numel).zero_();
+        written_[pi] = 1;
+      }
+  }
+
   void launch_reduce(Bucket& b) {
     if (b.reduced_this_micro) return;
     b.reduced_this_micro = true;
+    settle_unwritten(b);
     // Gradients are summed over context-parallel ranks (each holds part of every sequence) and
     // averaged over data-parallel ones (each holds other samples): the reduction group is dp x cp.
     const int dp = dp_.size();
@@ -842,6 +908,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   int64_t S_ = 1, r_ = 0;
   std::vector<Bucket> buckets_;
   std::vector<ParamInfo> info_;
+  std::vector<uint8_t> written_;
+  std::vector<int> launch_order_;  // buckets' reductions start in this order on every rank
+  size_t next_launch_ = 0;         // launch_order_[next_launch_] is the next to start  // strategies 0-1: whether parameter pi's gradient was stored this step
   std::vector<std::vector<int>> unit_groups_;  // unit -> its buckets (one, or one per parameter)
   int64_t double_buffer_size_ = 0;
   std::vector<OptimSlot> slots_;

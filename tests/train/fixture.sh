@@ -36,8 +36,9 @@ export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 
 # Residual dropout: activation checkpointing must replay the same masks in its recompute.
 export_model --arch gpt --layers 4 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --dropout 0.1 --out "$out/gpt_dropout.pt"
 # Tensor-parallel edge cases (tests/train/tp_edge_models.py): an embedding's padding row split over
-# the vocabulary (scripted, traced, and with scale_grad_by_freq), a block's own parameter marked alone.
-for kind in padding_idx padding_idx_traced padding_idx_freq own_param; do
+# the vocabulary (scripted, traced, and with scale_grad_by_freq), a block's own parameter marked alone;
+# and a layer that some steps leave without a gradient.
+for kind in padding_idx padding_idx_traced padding_idx_freq own_param sometimes_unused; do
   py "$here/tests/train/tp_edge_models.py" "$kind" "$out/$kind.pt"
 done
 # No repeated sibling modules: no FSDP unit is found.

@@ -14,6 +14,13 @@
                       rate mixing the residual stream with the MLP's output, as Dory's lambda_1),
                       marked alone in the plan ("blocks.*.rate": sequence_parallel): under sequence
                       parallelism its gradient is summed over TP
+  sometimes_unused    a layer outside the blocks (`extra`) that a micro-batch uses only when its
+                      token sum is a multiple of 8 (a scripted branch): in about a third of the
+                      steps no micro-batch uses it, and autograd gives it no gradient at all. Not a
+                      TP case: under no_shard and optim_grads the engine copies each parameter's
+                      first gradient of a step into the persistent buffer instead of zeroing it
+                      first, and must zero a parameter that got none (fsdp_engine.cpp,
+                      settle_unwritten); strategy 3 allocates a zeroed buffer per backward
 """
 import json
 import sys
@@ -46,11 +53,15 @@ class Model(nn.Module):
         self.blocks = nn.ModuleList([Block(d, own), Block(d, own)])
         self.ln_f = nn.LayerNorm(d) if own else nn.Identity()
         self.head = nn.Linear(d, vocab, bias=False)
+        self.sometimes = kind == "sometimes_unused"
+        self.extra = nn.Linear(d, d) if self.sometimes else nn.Identity()
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         x = self.emb(tokens)
         for b in self.blocks:
             x = b(x)
+        if self.sometimes and int(tokens.sum()) % 8 == 0:
+            x = x + self.extra(x)
         return self.head(self.ln_f(x))
 
 
