@@ -21,6 +21,14 @@
 #include "model/device_fast_ops.h"
 #include "model/graph_rewrite.h"
 
+// ATen's fused RMSNorm (at::_fused_rms_norm and its backward, CUDA kernels) arrived in LibTorch 2.8-2.9;
+// mfsdp builds against any 2.x, where without it RMSNorm's scaling stays ATen's ops on a GPU.
+#if __has_include(<ATen/ops/_fused_rms_norm_backward.h>)
+#define MFSDP_FUSED_RMS_NORM 1
+#else
+#define MFSDP_FUSED_RMS_NORM 0
+#endif
+
 namespace mfsdp {
 namespace {
 
@@ -106,11 +114,13 @@ at::Tensor rms_forward(const at::Tensor& xc, double eps, at::Tensor& r) {
 struct RmsScale : public torch::autograd::Function<RmsScale> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double eps) {
     const at::Tensor xc = x.contiguous();
+#if MFSDP_FUSED_RMS_NORM
     if (xc.is_cuda()) {
       auto [y, rstd] = at::_fused_rms_norm(xc, {xc.size(-1)}, std::nullopt, eps);
       ctx->save_for_backward({xc, rstd});
       return y;
     }
+#endif
     at::Tensor r;
     at::Tensor y = rms_forward(xc, eps, r);
     ctx->save_for_backward({xc, r});
@@ -119,11 +129,13 @@ struct RmsScale : public torch::autograd::Function<RmsScale> {
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &r = saved[1];
+#if MFSDP_FUSED_RMS_NORM
     if (x.is_cuda()) {
       const at::Tensor gx = g[0].scalar_type() == x.scalar_type() ? g[0] : g[0].to(x.scalar_type());
       auto grads = at::_fused_rms_norm_backward(gx, x, {x.size(-1)}, r, std::nullopt, {true, false});
       return {std::get<0>(grads), at::Tensor()};
     }
+#endif
     const at::Tensor gc = g[0].to(at::kFloat).contiguous();
     const int64_t d = x.size(-1), rows = x.numel() / d;
     at::Tensor dx = at::empty_like(x);
@@ -141,7 +153,9 @@ at::Tensor rms_scale_autograd(const at::Tensor& x, double eps) {
 }
 at::Tensor rms_scale_plain(const at::Tensor& x, double eps) {
   if (!rms_ours(x)) return rms_scale_aten(x, eps);
+#if MFSDP_FUSED_RMS_NORM
   if (x.is_cuda()) return std::get<0>(at::_fused_rms_norm(x.contiguous(), {x.size(-1)}, std::nullopt, eps));
+#endif
   at::Tensor r;
   return rms_forward(x.contiguous(), eps, r);
 }
@@ -776,7 +790,9 @@ DeviceKernelCheck verify_device_fast_ops(c10::Device device) {
   auto check = [&](Op op, const char* name, bool available, size_t with_grad, auto make, auto ours_fn,
                    auto aten_fn) {
     if (gpu && !available) {
-      c.report += fmt::format("; {} kept ATen's (the CUDA plugin was built without nvcc)", name);
+      c.report += fmt::format("; {} kept ATen's ({})", name,
+                              op == Op::kRms ? "this LibTorch has no fused RMSNorm"
+                                             : "the CUDA plugin was built without nvcc");
       return false;
     }
     if (gpu) gpu_on[int(op)] = true;
@@ -799,7 +815,8 @@ DeviceKernelCheck verify_device_fast_ops(c10::Device device) {
   };
   using Tensors = std::vector<at::Tensor>;
   c.rms = check(
-      Op::kRms, "RMSNorm scaling", true, 1, [](auto randn) { return Tensors{randn({3, 5, 96}) * 2 + 0.5}; },
+      Op::kRms, "RMSNorm scaling", MFSDP_FUSED_RMS_NORM != 0, 1,
+      [](auto randn) { return Tensors{randn({3, 5, 96}) * 2 + 0.5}; },
       [](const Tensors& t) { return rms_scale_autograd(t[0], 1e-6); },
       [](const Tensors& t) { return rms_scale_aten(t[0], 1e-6); });
   c.swiglu = check(

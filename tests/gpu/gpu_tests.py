@@ -12,6 +12,8 @@ checks against PyTorch itself, tests/oracle) and must match it step by step:
   - bf16: losses within 2e-2 relative (bf16 GEMMs round differently on the GPU's tensor cores and
     the CPU's emulation; measured differences are in the report);
   - SDPA attention (flash / memory-efficient kernels on the GPU, math on the CPU): 1e-4.
+The Llama runs use mfsdp's own GPU kernels (RMSNorm's scaling, SwiGLU's gate, the rotary embedding),
+which must have passed their start-up check against ATen on the GPU (a check of its own here).
 Runs: 1 rank on NCCL, every zero_dp_strategy, activation checkpointing, meta-device init, nccl_ub
 with the double buffer; 2 and 4 ranks sharing the one GPU (the MPI backend staging CUDA tensors
 through pinned host memory: NCCL refuses two ranks on a GPU) with every strategy, TP, TP+SP, CP,
@@ -184,6 +186,14 @@ def main():
         if name in gpu_rc and gpu_rc[name] == 0 and a.gpu_device == "cuda":
             line = next((x for x in out.splitlines() if "flash-attention blocks" in x), "no line about flash blocks")
             s.check(name + " (flash blocks in use)", "flash-attention blocks in use" in out, line)
+    # mfsdp's own GPU kernels (RMSNorm's scaling, SwiGLU's gate, the rotary embedding: DESIGN.md
+    # section 11) passed their start-up check against ATen on this GPU and the Llama run used them;
+    # its losses are then held to the CPU run's below. A kernel kept ATen's is a failure here.
+    if "nccl_n1_llama" in gpu_rc and gpu_rc["nccl_n1_llama"] == 0 and a.gpu_device == "cuda":
+        out = next((e for e in s.log if "runs/nccl_n1_llama " in e), "")
+        line = next((x for x in out.splitlines() if "mfsdp's GPU kernels" in x), "no line about mfsdp's GPU kernels")
+        used = re.search(r"([1-9]\d*) RMSNorm scaling.*?([1-9]\d*) SwiGLU gate.*?([1-9]\d*) rotary", line)
+        s.check("nccl_n1_llama (mfsdp's GPU kernels in use)", bool(used) and "kept ATen's" not in line, line.strip())
     for name, (np, ov, ref, rtol) in pick(gpu).items():
         if gpu_rc[name] != 0:
             s.check(name, False, f"run failed (rc {gpu_rc[name]}); see gpu_tests.log")
