@@ -7,18 +7,16 @@
 #include <torch/autograd.h>
 
 #include "catch.h"
+#include "kernel_refs.h"
 #include "model/cuda_kernels.h"
 
 namespace ck = mfsdp::cuda_kernels;
 
 namespace {
-double scaled(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / b.to(at::kDouble).abs().max().item<double>();
-}
-ck::Dtype dtype_of(const at::Tensor& t) { return t.scalar_type() == at::kFloat ? ck::Dtype::kFloat : ck::Dtype::kBFloat16; }
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t h = x.size(-1) / 2;
-  return at::cat({-x.slice(-1, h), x.slice(-1, 0, h)}, -1);
+using mfsdp::test::rotate_half_ref;
+using mfsdp::test::scaled;
+ck::Dtype dtype_of(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat ? ck::Dtype::kFloat : ck::Dtype::kBFloat16;
 }
 }  // namespace
 
@@ -60,11 +58,11 @@ TEST_CASE("GPU rotary kernel's indexing and arithmetic (host run): strided x, br
       // The backward is the adjoint of the forward: dx = g cos + rotate_half^T(g sin).
       at::Tensor xg = xd.clone().requires_grad_(true);
       const at::Tensor want_bwd =
-          torch::autograd::grad({xg * cd + rotate_half(xg) * sd}, {xg}, {xd})[0];  // g = x as the gradient
+          torch::autograd::grad({xg * cd + rotate_half_ref(xg) * sd}, {xg}, {xd})[0];  // g = x as the gradient
       const double tol = dt == at::kFloat ? 1e-6 : 1.0 / 128;
       INFO("dtype " << dt << " d " << d);
       CHECK(fwd.is_contiguous());
-      CHECK(scaled(fwd, xd * cd + rotate_half(xd) * sd) < tol);
+      CHECK(scaled(fwd, xd * cd + rotate_half_ref(xd) * sd) < tol);
       CHECK(scaled(bwd, want_bwd) < tol);
     }
 }

@@ -11,9 +11,12 @@
 #include <cmath>
 
 #include "catch.h"
+#include "kernel_refs.h"
 #include "model/fast_ops.h"
 
 using namespace mfsdp;
+using mfsdp::test::rotate_half_ref;
+using mfsdp::test::scaled;
 
 namespace {
 // Largest |a - b| / max(|b|, floor) over the elements.
@@ -21,11 +24,6 @@ double worst(const at::Tensor& a, const at::Tensor& b, double floor) {
   return ((a.to(at::kDouble) - b.to(at::kDouble)).abs() / b.to(at::kDouble).abs().clamp_min(floor)).max().item<double>();
 }
 
-// Largest |a - b| over the largest |b|: the error against the tensor's scale, for results that cancel
-// to near zero (x1 c - x2 s; the slope of silu near its minimum).
-double scaled(const at::Tensor& a, const at::Tensor& b) {
-  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>() / b.to(at::kDouble).abs().max().item<double>();
-}
 
 at::Tensor inputs(int64_t n, at::ScalarType dtype) {
   at::manual_seed(3);
@@ -203,13 +201,6 @@ TEST_CASE("SwiGLU gate: silu(a) * b in one pass, forward and backward, against A
   at::Tensor ad = at::randn({4, 9}, at::kDouble), bb = at::randn({1, 9}, at::kDouble);
   CHECK(at::equal(silu_mul(ad, bb), at::silu(ad) * bb));
 }
-
-namespace {
-at::Tensor rotate_half_ref(const at::Tensor& x) {
-  const int64_t h = x.size(-1) / 2;
-  return at::cat({-x.slice(-1, h), x.slice(-1, 0, h)}, -1);
-}
-}  // namespace
 
 TEST_CASE("Rotary embedding: x cos + rotate_half(x) sin in one pass, against ATen's, strided and broadcast") {
   at::manual_seed(9);
