@@ -908,9 +908,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   int64_t S_ = 1, r_ = 0;
   std::vector<Bucket> buckets_;
   std::vector<ParamInfo> info_;
-  std::vector<uint8_t> written_;
+  std::vector<uint8_t> written_;   // strategies 0-1: whether parameter pi's gradient was stored this step
   std::vector<int> launch_order_;  // buckets' reductions start in this order on every rank
-  size_t next_launch_ = 0;         // launch_order_[next_launch_] is the next to start  // strategies 0-1: whether parameter pi's gradient was stored this step
+  size_t next_launch_ = 0;         // launch_order_[next_launch_] is the next to start
   std::vector<std::vector<int>> unit_groups_;  // unit -> its buckets (one, or one per parameter)
   int64_t double_buffer_size_ = 0;
   std::vector<OptimSlot> slots_;
