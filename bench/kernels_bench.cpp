@@ -1,6 +1,7 @@
 // mfsdp's CPU ops against the ATen ops they replace, forward + backward through autograd, on the
 // shapes of bench/train_step.sh's Llama and GPT (micro-batch 8 x 128 tokens, d 256, 4 heads of 64,
-// FFN 704 / 1024). Writes one markdown row per op: ms per call of each, their ratio.
+// FFN 704 / 1024), and causal attention at 128 and 256 tokens. Writes one markdown row per op: ms
+// per call of each, their ratio.
 //   build/bench/kernels_bench [ROUNDS] [THREADS]
 // Rounds alternate the two sides; each side's figure is its best round (this machine is shared: a
 // neighbour slows single rounds, never speeds them up).
@@ -80,6 +81,19 @@ int main(int argc, char** argv) {
   rows.push_back({"RMS scaling x rsqrt(mean(x^2) + eps), [8, 128, 256], fp32",
                   [=] { torch::autograd::grad({h * at::rsqrt(h.pow(2).mean({-1}, true) + 1e-6)}, {h}, {gh}); },
                   [=] { torch::autograd::grad({mfsdp::rms_scale(h, 1e-6)}, {h}, {gh}); }});
+  // Causal attention (fp32: the kernel's dtype) on q, k, v [B, 4, T, 64] as attention makes them,
+  // 1024 tokens per call: the bench's 8 x 128, and 4 x 256 (the longest the kernel takes).
+  for (int64_t t : {128, 256}) {
+    const int64_t bs = 1024 / t;
+    auto qkv = [&] { return at::randn({bs, t, 4, 64}).transpose(1, 2).detach().requires_grad_(true); };
+    at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({bs, 4, t, 64});
+    rows.push_back({"causal attention, [" + std::to_string(bs) + ", 4, " + std::to_string(t) + ", 64], fp32",
+                    [=] {
+                      at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.0, true);
+                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
+                    },
+                    [=] { torch::autograd::grad({mfsdp::sdpa(aq, ak, av, true, std::nullopt)}, {aq, ak, av}, {ag}); }});
+  }
   std::printf("| op (forward + backward) | ATen ms | mfsdp ms | mfsdp/ATen |\n|---|---|---|---|\n");
   for (const Row& r : rows) {
     double best_a = 1e30, best_o = 1e30;

@@ -2,6 +2,7 @@
 // fp32 and bf16, every length's tail, the values where it saturates, and the graph rewrite that
 // puts it into a TorchScript model (with autograd through it).
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <torch/autograd.h>
 #include <torch/csrc/jit/passes/constant_propagation.h>
@@ -9,10 +10,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "catch.h"
 #include "kernel_refs.h"
 #include "model/fast_ops.h"
+#include "train/system.h"
 
 using namespace mfsdp;
 using mfsdp::test::rotate_half_ref;
@@ -42,6 +47,17 @@ std::pair<at::Tensor, at::Tensor> truth(const at::Tensor& x32) {
   at::Tensor u = c0 * (x + c1 * x * x * x);
   at::Tensor s = at::sigmoid(2 * u);
   return {x * s, s + 2 * x * s * (1 - s) * c0 * (1 + 3 * c1 * x * x)};
+}
+
+// at::parallel_for compiled in mfsdp's translation units (as its kernels and optimizer passes are)
+// splits over ATen's threads: without -fopenmp there it silently ran on one (lib/CMakeLists.txt).
+TEST_CASE("mfsdp's parallel loops reach every intra-op thread") {
+  const int before = at::get_num_threads();
+  for (int n : {1, 2, 3}) {
+    at::set_num_threads(n);
+    CHECK(mfsdp::parallel_loop_threads() == n);
+  }
+  at::set_num_threads(before);
 }
 
 TEST_CASE("GELU tanh: mfsdp's kernel against the function in double and against ATen's, fp32") {
@@ -293,4 +309,129 @@ TEST_CASE("The GPU kernels' check (verify_device_fast_ops), run on the CPU's ker
   CHECK(c.swiglu);
   CHECK(c.rotary);
   CHECK(c.report.empty());
+}
+
+// ---- attention (model/cpu_attention.h) ----------------------------------------------------------
+
+namespace {
+struct AttnCase {
+  int64_t b, h, tq, tk, d, dv;
+  bool causal;
+  std::optional<double> scale;
+};
+
+// q, k, v as attention makes them: [B, T, H, D] memory viewed as [B, H, T, D].
+at::Tensor heads(int64_t b, int64_t h, int64_t t, int64_t d) { return at::randn({b, t, h, d}).transpose(1, 2); }
+
+// Output and dq, dk, dv for the output gradient g, through autograd.
+std::vector<at::Tensor> attn_run(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& g,
+                                 bool causal, std::optional<double> scale, bool ours, std::string* node = nullptr) {
+  at::Tensor q = q0.detach().requires_grad_(true), k = k0.detach().requires_grad_(true),
+             v = v0.detach().requires_grad_(true);
+  at::Tensor o = ours ? sdpa(q, k, v, causal, scale)
+                      : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale);
+  if (node) *node = o.grad_fn() ? o.grad_fn()->name() : "";
+  auto gr = torch::autograd::grad({o}, {q, k, v}, {g});
+  return {o.detach(), gr[0], gr[1], gr[2]};
+}
+}  // namespace
+
+TEST_CASE("Attention: mfsdp's kernel against ATen's in double, causal and not, forward and backward") {
+  at::manual_seed(21);
+  const std::vector<AttnCase> cases = {
+      {2, 3, 1, 1, 8, 8, true, std::nullopt},       // one token
+      {2, 3, 37, 37, 16, 16, true, std::nullopt},   // rows not a multiple of the 32-row block
+      {1, 2, 128, 128, 64, 64, true, std::nullopt}, // the bench's head shape
+      {2, 2, 64, 64, 32, 32, false, 0.3},           // full attention, a given scale
+      {2, 2, 5, 70, 8, 12, false, std::nullopt},    // cross attention: Tq != Tk, Dv != D
+      {1, 1, 256, 256, 8, 8, true, std::nullopt},   // the largest taken
+  };
+  for (const AttnCase& c : cases) {
+    INFO("B " << c.b << " H " << c.h << " Tq " << c.tq << " Tk " << c.tk << " D " << c.d << " Dv " << c.dv
+              << " causal " << c.causal);
+    at::Tensor q = heads(c.b, c.h, c.tq, c.d) * 2, k = heads(c.b, c.h, c.tk, c.d) * 2, v = heads(c.b, c.h, c.tk, c.dv);
+    at::Tensor g = at::randn({c.b, c.h, c.tq, c.dv});
+    std::string node;
+    const auto got = attn_run(q, k, v, g, c.causal, c.scale, true, &node);
+    CHECK(node.find("Sdpa") != std::string::npos);  // mfsdp's kernel ran, not ATen's fallback
+    const auto want = attn_run(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), g.to(at::kDouble), c.causal,
+                               c.scale, false);
+    const auto flash = attn_run(q, k, v, g, c.causal, c.scale, false);
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("output " << i << " (out, dq, dk, dv)");
+      CHECK(got[i].sizes() == want[i].sizes());
+      // fp32 against the exact value, and no further from it than ATen's own fp32 kernel (x4); over
+      // at least 1 (one key: dq and dk are exactly 0, what is left is the rounding of dO.v - dO.o).
+      auto err = [&](const at::Tensor& a) {
+        const at::Tensor w = want[i].to(at::kDouble);
+        return (a.to(at::kDouble) - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1.0);
+      };
+      CHECK(err(got[i]) < 1e-5);
+      CHECK(err(got[i]) <= 4 * err(flash[i]) + 1e-7);
+    }
+    // The output and gradients come back as flash attention's do: [B, T, H, D] memory.
+    CHECK(got[0].transpose(1, 2).is_contiguous());
+    CHECK(got[1].transpose(1, 2).is_contiguous());
+  }
+}
+
+TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays NaN; what it does not take is ATen's") {
+  at::manual_seed(22);
+  at::Tensor q = heads(2, 4, 50, 16), k = heads(2, 4, 50, 16), v = heads(2, 4, 50, 16), g = at::randn({2, 4, 50, 16});
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = attn_run(q, k, v, g, true, std::nullopt, true);
+  at::set_num_threads(2);
+  const auto two = attn_run(q, k, v, g, true, std::nullopt, true);
+  at::set_num_threads(before);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
+  {
+    const at::NoGradGuard no_grad;
+    CHECK(at::equal(sdpa(q, k, v, true, std::nullopt), one[0]));
+  }
+  // A NaN in one query row: that row's output is NaN (as ATen's), the others are not.
+  at::Tensor qn = q.clone();
+  qn.index_put_({0, 1, 7, 3}, NAN);
+  at::Tensor on = sdpa(qn, k, v, true, std::nullopt);
+  CHECK(on[0][1][7].isnan().all().item<bool>());
+  CHECK(!on[0][1][6].isnan().any().item<bool>());
+  CHECK(!on[1].isnan().any().item<bool>());
+  // Not taken, so exactly ATen's: bf16, more keys than kCpuAttentionMaxKeys, causal with Tq != Tk,
+  // and k/v with fewer heads than q.
+  auto aten = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool causal) {
+    return at::scaled_dot_product_attention(a, b, c, std::nullopt, 0.0, causal);
+  };
+  at::Tensor qh = q.to(at::kBFloat16), kh = k.to(at::kBFloat16), vh = v.to(at::kBFloat16);
+  CHECK(at::equal(sdpa(qh, kh, vh, true, std::nullopt), aten(qh, kh, vh, true)));
+  at::Tensor ql = heads(1, 2, 300, 8), kl = heads(1, 2, 300, 8), vl = heads(1, 2, 300, 8);
+  CHECK(at::equal(sdpa(ql, kl, vl, true, std::nullopt), aten(ql, kl, vl, true)));
+  at::Tensor qs = heads(2, 4, 10, 16);
+  CHECK(at::equal(sdpa(qs, k, v, true, std::nullopt), aten(qs, k, v, true)));
+  CHECK_THROWS(sdpa(q, k.slice(1, 0, 2), v.slice(1, 0, 2), true, std::nullopt));  // ATen's error, as before
+}
+
+TEST_CASE("Attention: the graph rewrite takes SDPA without mask or dropout, and gradients flow through it") {
+  torch::jit::Module m("m");
+  m.define(R"(
+    def forward(self, q, k, v, mask):
+        a = torch.scaled_dot_product_attention(q, k, v, None, 0.0, True)
+        b = torch.scaled_dot_product_attention(q, k, v, mask, 0.0, False)
+        c = torch.scaled_dot_product_attention(q, k, v, None, 0.1, False)
+        return (a + b, c)
+  )");
+  at::manual_seed(23);
+  at::Tensor q = heads(2, 2, 24, 8).requires_grad_(true), k = heads(2, 2, 24, 8), v = heads(2, 2, 24, 8);
+  at::Tensor mask = at::randn({24, 24}) > 0;
+  mask.diagonal().fill_(true);
+  // (c's dropout is random: only a + b is compared.)
+  at::Tensor want = m.forward({q, k, v, mask}).toTuple()->elements()[0].toTensor();
+  at::Tensor gw = torch::autograd::grad({want.sum()}, {q})[0];
+  REQUIRE(use_fast_attention(m) == 1);  // the first call only: a mask or a dropout keep ATen's
+  at::Tensor got = m.forward({q, k, v, mask}).toTuple()->elements()[0].toTensor();
+  at::Tensor gg = torch::autograd::grad({got.sum()}, {q})[0];
+  CHECK(scaled(got, want) < 1e-5);
+  CHECK(scaled(gg, gw) < 1e-5);
+  const std::string graph = m.get_method("forward").graph()->toString();
+  CHECK(graph.find("mfsdp::sdpa") != std::string::npos);
+  CHECK(graph.find("aten::scaled_dot_product_attention") != std::string::npos);
 }

@@ -17,6 +17,8 @@
 // differ from ATen's by rounding only (tests/test_kernels.cpp bounds it).
 #include "model/cpu_kernels.h"
 
+#include <cmath>
+
 #include <cstring>
 
 namespace mfsdp {
@@ -310,6 +312,14 @@ inline float dot(const float* a, const float* b, int64_t d) {
   return s;
 }
 
+inline float hmax(vf v) {
+  float f[kLanes];
+  std::memcpy(f, &v, sizeof(f));
+  float m = f[0];
+  for (int i = 1; i < kLanes; ++i) m = f[i] > m ? f[i] : m;
+  return m;
+}
+
 }  // namespace
 
 #define MFSDP_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
@@ -383,5 +393,60 @@ MFSDP_CLONES void rms_scale_backward(const float* g, const float* x, const float
     for (; i < d; ++i) out[i] = inv * gr[i] - c * xr[i];
   }
 }
+
+// Attention's softmax, one row of logits in place: s[0:n] = exp(s - max) / sum, s[n:len] = 0 (the
+// keys a causal row does not see). The max first keeps every exp <= 1; a NaN or an infinite
+// logit makes the row NaN, as ATen's softmax does (vexp would clamp it to a finite value).
+MFSDP_CLONES void softmax_row(float* s, int64_t n, int64_t len) {
+  vf vm = splat(-INFINITY);
+  vi bad = vi{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const vf x = load(s + i);
+    vm = x > vm ? x : vm;
+    bad |= x != x;
+  }
+  float m = hmax(vm);
+  bool nan = false;
+  for (int64_t j = 0; j < kLanes; ++j) nan |= bad[j] != 0;
+  for (int64_t j = i; j < n; ++j) {
+    m = s[j] > m ? s[j] : m;
+    nan |= s[j] != s[j];
+  }
+  if (nan || !std::isfinite(m)) {
+    for (int64_t j = 0; j < n; ++j) s[j] = NAN;
+  } else {
+    const vf vmax = splat(m);
+    vf acc = vf{};
+    for (i = 0; i + kLanes <= n; i += kLanes) {
+      const vf e = vexp(load(s + i) - vmax);
+      store(s + i, e);
+      acc += e;
+    }
+    if (i < n) {  // the tail through a padded vector, its pad lanes left out of the sum
+      float t[kLanes] = {};
+      std::memcpy(t, s + i, size_t(n - i) * sizeof(float));
+      float e[kLanes];
+      store(e, vexp(load(t) - vmax));
+      std::memcpy(s + i, e, size_t(n - i) * sizeof(float));
+      for (int64_t j = 0; j < n - i; ++j) acc[j] += e[j];
+    }
+    const vf inv = splat(1.0f / hsum(acc));
+    for (i = 0; i + kLanes <= n; i += kLanes) store(s + i, load(s + i) * inv);
+    for (; i < n; ++i) s[i] *= inv[0];
+  }
+  if (len > n) std::memset(s + n, 0, size_t(len - n) * sizeof(float));
+}
+
+// Its backward on one row: g[0:n] = p (g - d), d = sum(dO o) of the row; g[n:len] = 0.
+MFSDP_CLONES void softmax_backward_row(const float* p, float* g, float d, int64_t n, int64_t len) {
+  const vf vd = splat(d);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store(g + i, load(p + i) * (load(g + i) - vd));
+  for (; i < n; ++i) g[i] = p[i] * (g[i] - d);
+  if (len > n) std::memset(g + n, 0, size_t(len - n) * sizeof(float));
+}
+
+MFSDP_CLONES float dot_row(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
 
 }  // namespace mfsdp

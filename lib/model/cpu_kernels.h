@@ -32,4 +32,9 @@ void rotary_forward_bf16(const uint16_t* x, int64_t xs, const uint16_t* c, int64
                          uint16_t* y, int64_t ys, int64_t rows, int64_t h);
 void rotary_backward_bf16(const uint16_t* g, int64_t gs, const uint16_t* c, int64_t cs, const uint16_t* s, int64_t ss,
                           uint16_t* dx, int64_t dxs, int64_t rows, int64_t h);
+// Attention's row passes (mfsdp::sdpa, model/cpu_attention.cpp): softmax of s[0:n] in place with
+// s[n:len] zeroed; its backward g = p (g - d) on [0, n) with g[n:len] zeroed; sum of a[i] b[i].
+void softmax_row(float* s, int64_t n, int64_t len);
+void softmax_backward_row(const float* p, float* g, float d, int64_t n, int64_t len);
+float dot_row(const float* a, const float* b, int64_t n);
 }  // namespace mfsdp

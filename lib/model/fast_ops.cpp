@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/cpu_attention.h"
 #include "model/cpu_kernels.h"
 #include "model/device_fast_ops.h"
 #include "model/graph_rewrite.h"
@@ -485,6 +486,75 @@ at::Tensor rotary_plain(const at::Tensor& x, const at::Tensor& cos, const at::Te
   return rotary_kernel<false>(x, cos, sin);
 }
 
+// ---- scaled dot-product attention (model/cpu_attention.h) -------------------------------------
+
+at::Tensor sdpa_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                     std::optional<double> scale) {
+  return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale);
+}
+
+double sdpa_scale(const at::Tensor& q, std::optional<double> scale) {
+  return scale ? *scale : 1.0 / std::sqrt(double(q.size(-1)));
+}
+
+struct Sdpa : public torch::autograd::Function<Sdpa> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            bool causal, double scale) {
+    at::Tensor probs;
+    at::Tensor o = cpu_attention_forward(q, k, v, causal, scale, &probs);
+    ctx->save_for_backward({q, k, v, o, probs});
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    return o;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    auto [dq, dk, dv] = cpu_attention_backward(g[0].to(at::kFloat), saved[0], saved[1], saved[2], saved[3], saved[4],
+                                               ctx->saved_data["causal"].toBool(),
+                                               ctx->saved_data["scale"].toDouble());
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
+// mfsdp's kernel where it takes the inputs (fp32 on the CPU, short sequences), keeping the
+// probabilities only when a gradient will be asked for; ATen's attention elsewhere.
+at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                         std::optional<double> scale) {
+  if (!cpu_attention_takes(q, k, v, causal)) return sdpa_aten(q, k, v, causal, scale);
+  const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!grad) return cpu_attention_forward(q, k, v, causal, sdpa_scale(q, scale), nullptr);
+  return Sdpa::apply(q, k, v, causal, sdpa_scale(q, scale));
+}
+at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                      std::optional<double> scale) {
+  if (!cpu_attention_takes(q, k, v, causal)) return sdpa_aten(q, k, v, causal, scale);
+  return cpu_attention_forward(q, k, v, causal, sdpa_scale(q, scale), nullptr);
+}
+
+// aten::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale[, enable_gqa])
+// with no mask, no dropout and no GQA broadcast (all constants in the graph) becomes
+// mfsdp::sdpa(q, k, v, is_causal, scale). A mask, a dropout that follows the module's training flag
+// (graph_rewrite.h) or enable_gqa keep ATen's call.
+bool replace_sdpa(torch::jit::Node* node) {
+  const size_t n = node->inputs().size();
+  if ((n != 7 && n != 8) || node->outputs().size() != 1) return false;
+  auto constant = [&](size_t i) { return torch::jit::toIValue(node->input(i)); };
+  auto mask = constant(3), dropout = constant(4);
+  if (!mask || !mask->isNone() || !dropout || !dropout->isDouble() || dropout->toDouble() != 0.0) return false;
+  if (n == 8) {
+    auto gqa = constant(7);
+    if (!gqa || !gqa->isBool() || gqa->toBool()) return false;
+  }
+  torch::jit::Graph& g = *node->owningGraph();
+  torch::jit::WithInsertPoint guard(node);
+  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::sdpa"),
+                                  {node->input(0), node->input(1), node->input(2), node->input(5), node->input(6)});
+  y->setType(node->output()->type());
+  node->output()->replaceAllUsesWith(y);
+  node->destroy();
+  return true;
+}
+
 // ---- graph matching for the two ----------------------------------------------------------------
 
 std::optional<int64_t> constant_int(torch::jit::Value* v) {
@@ -849,6 +919,14 @@ int use_fast_swiglu(torch::jit::Module& root) { return rewrite_nodes(root, {c10:
 
 int use_fast_rotary(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::add}, replace_rotary); }
 
+int use_fast_attention(torch::jit::Module& root) {
+  return rewrite_nodes(root, {c10::aten::scaled_dot_product_attention}, replace_sdpa);
+}
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                std::optional<double> scale) {
+  return sdpa_autograd(q, k, v, causal, scale);
+}
+
 at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) { return silu_mul_autograd(a, b); }
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
                   int64_t cat_dim) {
@@ -862,6 +940,7 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def("rms_scale(Tensor x, float eps) -> Tensor");
   m.def("silu_mul(Tensor a, Tensor b) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, int dim, int split, int cat_dim) -> Tensor");
+  m.def("sdpa(Tensor q, Tensor k, Tensor v, bool is_causal, float? scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
@@ -869,6 +948,7 @@ TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("rms_scale", mfsdp::rms_scale_autograd);
   m.impl("silu_mul", mfsdp::silu_mul_autograd);
   m.impl("rotary", mfsdp::rotary_autograd);
+  m.impl("sdpa", mfsdp::sdpa_autograd);
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
@@ -876,4 +956,5 @@ TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("rms_scale", mfsdp::rms_scale_plain);
   m.impl("silu_mul", mfsdp::silu_mul_plain);
   m.impl("rotary", mfsdp::rotary_plain);
+  m.impl("sdpa", mfsdp::sdpa_plain);
 }

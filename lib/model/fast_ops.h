@@ -2,10 +2,12 @@
 // devices and dtypes compute what the replaced ATen calls did. mfsdp::gelu_tanh(Tensor x): GELU in
 // its tanh form. mfsdp::rms_scale(Tensor x, float eps): RMSNorm's scaling. mfsdp::silu_mul(a, b):
 // SwiGLU's silu(a) * b. mfsdp::rotary(x, cos, sin, ...): the rotary embedding (rotate-half form).
+// mfsdp::sdpa(q, k, v, is_causal, scale): scaled dot-product attention.
 // DESIGN.md section 7 ("CPU kernels of mfsdp's own").
 #pragma once
 #include <torch/csrc/jit/api/module.h>
 
+#include <optional>
 #include <string>
 
 namespace mfsdp {
@@ -34,9 +36,17 @@ int use_fast_rotary(torch::jit::Module& root);
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
                   int64_t cat_dim);
 
-// On a GPU, the three ops above take kernels of the CUDA plugin (model/device_fast_ops.h; RMSNorm's
-// is ATen's fused one) only once they have been run here, forward and backward in fp32 and bf16 on
-// small random inputs, against ATen's ops on `device`: fp32 within 1e-5 and bf16 within 2e-2 of
+// Replaces scaled_dot_product_attention(q, k, v) without a mask, dropout or enable_gqa (causal or
+// not, any scale) by mfsdp::sdpa(q, k, v, is_causal, scale): on fp32 CPU tensors with up to
+// kCpuAttentionMaxKeys keys, mfsdp's attention (model/cpu_attention.h), elsewhere ATen's call.
+// CPU runs only; after context parallelism has replaced the calls it splits. Returns the number replaced.
+int use_fast_attention(torch::jit::Module& root);
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                std::optional<double> scale);
+
+// On a GPU, RMSNorm's scaling, SwiGLU's gate and the rotary embedding take kernels of the CUDA
+// plugin (model/device_fast_ops.h; RMSNorm's is ATen's fused one) only once they have been run
+// here, forward and backward in fp32 and bf16 on small random inputs, against ATen's ops on `device`: fp32 within 1e-5 and bf16 within 2e-2 of
 // the largest value (the kernels were built on a machine without a GPU). Those that differ, fail
 // or are absent stay ATen's; `report` names them ("; <op> kept ATen's (why)" each). On the CPU the
 // same comparison runs the CPU kernels and switches nothing. GELU stays ATen's on the GPU (one

@@ -9,6 +9,7 @@
 #include <regex>
 #include <set>
 
+#include "model/cpu_attention.h"
 #include "model/fast_ops.h"
 #include "model/graph_rewrite.h"
 #include "model/skeleton_load.h"
@@ -174,6 +175,16 @@ std::string Model::use_fast_kernels() {
       "mfsdp's CPU kernels: {} GELU (tanh) call(s), {} RMSNorm scaling(s), {} SwiGLU gate(s), {} rotary "
       "embedding(s)",
       gelu, rms, swiglu, rotary);
+}
+
+std::string Model::use_fast_attention() {
+  const char* knob = std::getenv("MFSDP_FAST_ATTENTION");
+  if (!device_.is_cpu() || (knob && std::string(knob) == "off")) return "";
+  const int n = mfsdp::use_fast_attention(module_);
+  if (n == 0) return "";
+  return fmt::format("mfsdp's CPU attention: {} scaled_dot_product_attention call(s) (fp32, up to {} keys; ATen's "
+                     "flash attention beyond)",
+                     n, kCpuAttentionMaxKeys);
 }
 
 std::string peft_to_hf_name(const std::string& name) {

@@ -110,6 +110,10 @@ class Model {
   // passed its check against ATen there. Graph rewrites made before the first call. Not for a model
   // that is saved again (export): the file would call mfsdp's ops. Returns a line to log, or "".
   std::string use_fast_kernels();
+  // scaled_dot_product_attention without mask or dropout through mfsdp::sdpa (model/fast_ops.h) on
+  // the CPU: after context parallelism has replaced the calls it splits (those are no longer SDPA
+  // calls). MFSDP_FAST_ATTENTION=off keeps ATen's. Returns a line to log, or "".
+  std::string use_fast_attention();
   void train(bool on) { module_.train(on); }
   // Casts every floating parameter (and buffer) to `dtype` in place of the old tensors.
   void cast(at::ScalarType dtype);

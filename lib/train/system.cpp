@@ -9,9 +9,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace mfsdp {
 
@@ -30,6 +32,18 @@ void set_threads(int n) {
   using SetFn = void (*)(int);
   if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(n);
   if (auto fn = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "goto_set_num_threads"))) fn(n);
+}
+
+int parallel_loop_threads() {
+  // One chunk per thread: at::parallel_for splits [0, threads) with grain 1 into one index each,
+  // which each thread marks with its own number.
+  const int n = at::get_num_threads();
+  std::vector<char> seen(size_t(n), 0);
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    const int t = at::get_thread_num();
+    if (t >= 0 && t < n) seen[size_t(t)] = 1;
+  });
+  return int(std::count(seen.begin(), seen.end(), 1));
 }
 
 double peak_memory_mib() {

@@ -9,6 +9,10 @@ namespace mfsdp {
 int cores_available();
 // Sets LibTorch's intra-op threads and OpenBLAS's threads to n (inter-op threads to 1).
 void set_threads(int n);
+// Threads that an at::parallel_for in mfsdp's own code reaches with the intra-op threads set now:
+// at::get_num_threads() when mfsdp was compiled with ATen's threading (OpenMP: lib/CMakeLists.txt),
+// 1 when the loop's `#pragma omp parallel` was compiled away.
+int parallel_loop_threads();
 // Resident-set high-water mark of this process, in MiB.
 double peak_memory_mib();
 // Dense matmul throughput of this rank with its threads, in TFLOP/s, for MFU.

@@ -275,6 +275,10 @@ class Trainer {
       log(fmt::format("warning: training.threads={} but rank {} may run on only {} core(s) (the launcher bound it); "
                       "use mpirun --bind-to none or --map-by slot:PE={}, or srun --cpus-per-task={}",
                       threads, rank_, mine, threads, threads));
+    if (const int reached = parallel_loop_threads(); reached < at::get_num_threads())
+      log(fmt::format("warning: mfsdp's own parallel loops (its CPU kernels, the optimizer passes) reach {} of {} "
+                      "threads: this build compiled at::parallel_for without ATen's OpenMP (lib/CMakeLists.txt)",
+                      reached, at::get_num_threads()));
 
     if (rank0_) {
       created_dirs_ = make_dirs(cfg_.run_dir);  // the watchdog's dumps go there from here on
@@ -312,6 +316,7 @@ class Trainer {
     if (cfg_.distributed.zero_dp_strategy == ZeroDpStrategy::kOptimGradsParams) log_root_note();
     tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
     cp_ = apply_context_parallel(*model_, cfg_, *pg_);  // replaces attention-core calls
+    if (const std::string a = model_->use_fast_attention(); !a.empty()) log(a);
     const std::string trainable = model_->apply_trainable(cfg_);  // after TP: it replaces parameters
     for (const std::string& line : {tp_->describe(), cp_->describe(), trainable})
       if (!line.empty()) log(line);

@@ -1,0 +1,153 @@
+// Attention on the CPU for short sequences (DESIGN.md section 7, "Attention on the CPU").
+//
+// Why: ATen's CPU flash attention walks 32-row query blocks against 512-key blocks with an online
+// softmax, and its backward recomputes the logits: at bench/train_step.sh's shapes (8 x 4 heads x
+// 128 tokens x 64) that is many small products around a rescaling loop, 5.8 ms forward + backward
+// per layer on one thread. Here each (batch, head) pair is a handful of BLAS products over 32-row
+// blocks of the causal triangle (the blocks above the diagonal are never computed), the softmax is
+// one vectorised pass per row (model/cpu_kernels.cpp), and the probabilities are kept for the
+// backward, which is then four products and one pass: 4.0 ms (1 thread) and 2.4 against 3.3 ms
+// (2 threads) in the prototype of 2026-12-06 (bench/results_kernels.md has the op's row). Keeping
+// B x H x T x T floats is what bounds it to short sequences (kCpuAttentionMaxKeys).
+//
+// Layout: row-major per pair, rows strided as the tensors come (a q that is [B, T, H, D]
+// transposed has rows H*D apart): the products read them in place, no copies. Pairs split over
+// ATen's threads; each product runs on its thread (the BLAS runs single-threaded inside an OpenMP
+// region).
+#include "model/cpu_attention.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "model/cpu_kernels.h"
+
+// The BLAS's Fortran sgemm, which LibTorch's MKL (and an OpenBLAS build) exports; weak, so that a
+// LibTorch without one links and keeps ATen's attention (cpu_attention_takes says no).
+extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
+                       const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+                       const int* ldc) __attribute__((weak));
+
+namespace mfsdp {
+namespace {
+
+constexpr int64_t kRows = 32;  // query rows (and key columns) per block
+
+// Row-major C[M, N] = alpha op(A) op(B) + beta C. A row-major matrix is its transpose in the
+// BLAS's column-major order, so this is C^T = op(B)^T op(A)^T there: the operands swap.
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const float* B,
+          int64_t ldb, float beta, float* C, int64_t ldc) {
+  const char opa = tb ? 'T' : 'N', opb = ta ? 'T' : 'N';
+  const int m = int(N), n = int(M), k = int(K), la = int(ldb), lb = int(lda), lc = int(ldc);
+  sgemm_(&opa, &opb, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
+}
+
+// A [B, H, T, D] tensor whose rows the products can read in place: unit stride within a row and
+// rows at least a row apart (as the BLAS requires of its leading dimension).
+bool rows_readable(const at::Tensor& t) {
+  return (t.stride(3) == 1 || t.size(3) == 1) && (t.size(2) == 1 || t.stride(2) >= t.size(3));
+}
+at::Tensor readable(const at::Tensor& t) { return rows_readable(t) ? t : t.contiguous(); }
+int64_t row_stride(const at::Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.stride(2); }
+
+// Pair (b, h)'s first row.
+const float* rows_of(const at::Tensor& t, int64_t b, int64_t h) {
+  return t.const_data_ptr<float>() + b * t.stride(0) + h * t.stride(1);
+}
+float* rows_of(at::Tensor& t, int64_t b, int64_t h) {
+  return t.mutable_data_ptr<float>() + b * t.stride(0) + h * t.stride(1);
+}
+
+// [B, H, T, D] with the strides of a transposed [B, T, H, D]: what ATen's flash attention returns
+// for the output and its gradients, so the caller's transpose back is a view.
+at::Tensor heads_view(const at::Tensor& like, int64_t b, int64_t h, int64_t t, int64_t d) {
+  return at::empty({b, t, h, d}, like.options()).transpose(1, 2);
+}
+
+}  // namespace
+
+bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  if (sgemm_ == nullptr) return false;
+  for (const at::Tensor* t : {&q, &k, &v})
+    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->layout() != at::kStrided || t->dim() != 4)
+      return false;
+  const int64_t tk = k.size(2);
+  return k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1) &&
+         v.size(2) == tk && k.size(3) == q.size(3) && q.size(3) >= 1 && v.size(3) >= 1 && q.size(2) >= 1 && tk >= 1 &&
+         tk <= kCpuAttentionMaxKeys && (!causal || q.size(2) == tk);
+}
+
+at::Tensor cpu_attention_forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal,
+                                 double scale, at::Tensor* probs) {
+  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0);
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
+  at::Tensor o = heads_view(q, B, H, Tq, Dv);
+  if (probs) *probs = at::empty({B, H, Tq, Tk}, q.options());
+  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o);
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(probs ? 0 : size_t(Tq * Tk));
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h);
+      float* O = rows_of(o, b, h);
+      float* S = probs ? probs->mutable_data_ptr<float>() + bh * Tq * Tk : scratch.data();
+      for (int64_t r0 = 0; r0 < Tq; r0 += kRows) {
+        const int64_t r1 = std::min(Tq, r0 + kRows), n = causal ? r1 : Tk;
+        gemm(false, true, r1 - r0, n, D, float(scale), Q + r0 * lq, lq, K, lk, 0.0f, S + r0 * Tk, Tk);
+        for (int64_t r = r0; r < r1; ++r) softmax_row(S + r * Tk, causal ? r + 1 : Tk, Tk);
+        gemm(false, false, r1 - r0, Dv, n, 1.0f, S + r0 * Tk, Tk, V, lv, 0.0f, O + r0 * lo, lo);
+      }
+    }
+  });
+  return o;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::Tensor& g0, const at::Tensor& q0,
+                                                                      const at::Tensor& k0, const at::Tensor& v0,
+                                                                      const at::Tensor& o0, const at::Tensor& probs,
+                                                                      bool causal, double scale) {
+  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0), o = readable(o0), g = readable(g0);
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
+  at::Tensor dq = heads_view(q, B, H, Tq, D), dk = heads_view(k, B, H, Tk, D), dv = heads_view(v, B, H, Tk, Dv);
+  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o), lg = row_stride(g);
+  const int64_t ldq = row_stride(dq), ldk = row_stride(dk), ldv = row_stride(dv);
+  const float s = float(scale);
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> dS(static_cast<size_t>(Tq * Tk)), rowdot(static_cast<size_t>(Tq));
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h), *O = rows_of(o, b, h),
+                  *G = rows_of(g, b, h);
+      float *dQ = rows_of(dq, b, h), *dK = rows_of(dk, b, h), *dV = rows_of(dv, b, h);
+      const float* P = probs.const_data_ptr<float>() + bh * Tq * Tk;
+      // The softmax's backward needs sum_j P dP over a row, which is sum(dO o) of that row.
+      for (int64_t r = 0; r < Tq; ++r) rowdot[size_t(r)] = dot_row(G + r * lg, O + r * lo, Dv);
+      // dV = P^T dO, by blocks of keys; a causal block's rows start at its first key (P is 0 above).
+      for (int64_t c0 = 0; c0 < Tk; c0 += kRows) {
+        const int64_t c1 = std::min(Tk, c0 + kRows), from = causal ? c0 : 0;
+        gemm(true, false, c1 - c0, Dv, Tq - from, 1.0f, P + from * Tk + c0, Tk, G + from * lg, lg, 0.0f,
+             dV + c0 * ldv, ldv);
+      }
+      // dP = dO V^T, dS = P (dP - rowdot), dQ = scale dS K, by blocks of query rows.
+      for (int64_t r0 = 0; r0 < Tq; r0 += kRows) {
+        const int64_t r1 = std::min(Tq, r0 + kRows), n = causal ? r1 : Tk;
+        float* block = dS.data() + r0 * Tk;
+        gemm(false, true, r1 - r0, n, Dv, 1.0f, G + r0 * lg, lg, V, lv, 0.0f, block, Tk);
+        for (int64_t r = r0; r < r1; ++r)
+          softmax_backward_row(P + r * Tk, dS.data() + r * Tk, rowdot[size_t(r)], causal ? r + 1 : Tk, Tk);
+        gemm(false, false, r1 - r0, D, n, s, block, Tk, K, lk, 0.0f, dQ + r0 * ldq, ldq);
+      }
+      // dK = scale dS^T Q, by blocks of keys as dV.
+      for (int64_t c0 = 0; c0 < Tk; c0 += kRows) {
+        const int64_t c1 = std::min(Tk, c0 + kRows), from = causal ? c0 : 0;
+        gemm(true, false, c1 - c0, D, Tq - from, s, dS.data() + from * Tk + c0, Tk, Q + from * lq, lq, 0.0f,
+             dK + c0 * ldk, ldk);
+      }
+    }
+  });
+  return {dq, dk, dv};
+}
+
+}  // namespace mfsdp
