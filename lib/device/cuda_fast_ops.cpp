@@ -44,6 +44,8 @@ std::pair<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& g, const a
   return {da, db};
 }
 
+static_assert(DeviceFastOps::kRotaryMaxDims == ck::kRotaryDims, "fast_ops.cpp keeps ATen's ops beyond the kernel's dims");
+
 at::Tensor rotary(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
   if (in.dim() > ck::kRotaryDims)
     throw std::runtime_error("rotary on the GPU: " + std::to_string(in.dim()) + " dimensions, at most " +

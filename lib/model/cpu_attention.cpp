@@ -2,12 +2,12 @@
 //
 // Why: ATen's CPU flash attention walks 32-row query blocks against 512-key blocks with an online
 // softmax, and its backward recomputes the logits: at bench/train_step.sh's shapes (8 x 4 heads x
-// 128 tokens x 64) that is many small products around a rescaling loop, 5.8 ms forward + backward
+// 128 tokens x 64) that is many small products around a rescaling loop, about 5 ms forward + backward
 // per layer on one thread. Here each (batch, head) pair is a handful of BLAS products over 32-row
 // blocks of the causal triangle (the blocks above the diagonal are never computed), the softmax is
 // one vectorised pass per row (model/cpu_kernels.cpp), and the probabilities are kept for the
-// backward, which is then four products and one pass: 4.0 ms (1 thread) and 2.4 against 3.3 ms
-// (2 threads) in the prototype of 2026-12-06 (bench/results_kernels.md has the op's row). Keeping
+// backward, which is then four products and one pass: 2.8 against 5.1 ms per call (1 thread), 1.7
+// against 3.0 ms (2 threads) at those shapes (bench/results_kernels.md, 2026-12-06). Keeping
 // B x H x T x T floats is what bounds it to short sequences (kCpuAttentionMaxKeys).
 //
 // Layout: row-major per pair, rows strided as the tensors come (a q that is [B, T, H, D]

@@ -17,7 +17,9 @@ struct DeviceFastOps {
                                                          const at::Tensor& b);
   // The rotary embedding forward (y from x) or backward (dx from dy) over the last dimension, split
   // at its half: in, cos and sin of one shape (cos and sin expanded), each with a unit-stride last
-  // dimension, one dtype (fp32 or bf16). Returns a contiguous tensor.
+  // dimension, one dtype (fp32 or bf16), at most kRotaryMaxDims dimensions (callers keep ATen's
+  // ops beyond). Returns a contiguous tensor.
+  static constexpr int64_t kRotaryMaxDims = 8;  // cuda_kernels.h's kRotaryDims
   at::Tensor (*rotary)(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, bool backward);
 };
 

@@ -395,6 +395,7 @@ bool rotary_ours(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& s
       cos.device() != x.device() || sin.device() != x.device() || cos.scalar_type() != x.scalar_type() ||
       sin.scalar_type() != x.scalar_type() || cos.dim() > x.dim() || sin.dim() > x.dim())
     return false;
+  if (x.is_cuda() && x.dim() > DeviceFastOps::kRotaryMaxDims) return false;  // the GPU kernel's shape limit
   const int64_t last = x.dim() - 1;
   if (at::maybe_wrap_dim(dim, x.dim()) != last || at::maybe_wrap_dim(cat_dim, x.dim()) != last) return false;
   const int64_t d = x.size(last);
