@@ -92,7 +92,10 @@ int main(int argc, char** argv) {
                       at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.0, true);
                       torch::autograd::grad({o}, {aq, ak, av}, {ag});
                     },
-                    [=] { torch::autograd::grad({mfsdp::sdpa(aq, ak, av, true, std::nullopt)}, {aq, ak, av}, {ag}); }});
+                    [=] {
+                      at::Tensor o = mfsdp::sdpa(aq, ak, av, std::nullopt, true, std::nullopt);
+                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
+                    }});
   }
   std::printf("| op (forward + backward) | ATen ms | mfsdp ms | mfsdp/ATen |\n|---|---|---|---|\n");
   for (const Row& r : rows) {

@@ -10,12 +10,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "catch.h"
 #include "kernel_refs.h"
+#include "model/cpu_attention.h"
 #include "model/fast_ops.h"
 #include "train/system.h"
 
@@ -328,7 +330,7 @@ std::vector<at::Tensor> attn_run(const at::Tensor& q0, const at::Tensor& k0, con
                                  bool causal, std::optional<double> scale, bool ours, std::string* node = nullptr) {
   at::Tensor q = q0.detach().requires_grad_(true), k = k0.detach().requires_grad_(true),
              v = v0.detach().requires_grad_(true);
-  at::Tensor o = ours ? sdpa(q, k, v, causal, scale)
+  at::Tensor o = ours ? sdpa(q, k, v, std::nullopt, causal, scale)
                       : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale);
   if (node) *node = o.grad_fn() ? o.grad_fn()->name() : "";
   auto gr = torch::autograd::grad({o}, {q, k, v}, {g});
@@ -387,12 +389,12 @@ TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays Na
   for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
   {
     const at::NoGradGuard no_grad;
-    CHECK(at::equal(sdpa(q, k, v, true, std::nullopt), one[0]));
+    CHECK(at::equal(sdpa(q, k, v, std::nullopt, true, std::nullopt), one[0]));
   }
   // A NaN in one query row: that row's output is NaN (as ATen's), the others are not.
   at::Tensor qn = q.clone();
   qn.index_put_({0, 1, 7, 3}, NAN);
-  at::Tensor on = sdpa(qn, k, v, true, std::nullopt);
+  at::Tensor on = sdpa(qn, k, v, std::nullopt, true, std::nullopt);
   CHECK(on[0][1][7].isnan().all().item<bool>());
   CHECK(!on[0][1][6].isnan().any().item<bool>());
   CHECK(!on[1].isnan().any().item<bool>());
@@ -402,12 +404,12 @@ TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays Na
     return at::scaled_dot_product_attention(a, b, c, std::nullopt, 0.0, causal);
   };
   at::Tensor qh = q.to(at::kBFloat16), kh = k.to(at::kBFloat16), vh = v.to(at::kBFloat16);
-  CHECK(at::equal(sdpa(qh, kh, vh, true, std::nullopt), aten(qh, kh, vh, true)));
+  CHECK(at::equal(sdpa(qh, kh, vh, std::nullopt, true, std::nullopt), aten(qh, kh, vh, true)));
   at::Tensor ql = heads(1, 2, 300, 8), kl = heads(1, 2, 300, 8), vl = heads(1, 2, 300, 8);
-  CHECK(at::equal(sdpa(ql, kl, vl, true, std::nullopt), aten(ql, kl, vl, true)));
+  CHECK(at::equal(sdpa(ql, kl, vl, std::nullopt, true, std::nullopt), aten(ql, kl, vl, true)));
   at::Tensor qs = heads(2, 4, 10, 16);
-  CHECK(at::equal(sdpa(qs, k, v, true, std::nullopt), aten(qs, k, v, true)));
-  CHECK_THROWS(sdpa(q, k.slice(1, 0, 2), v.slice(1, 0, 2), true, std::nullopt));  // ATen's error, as before
+  CHECK(at::equal(sdpa(qs, k, v, std::nullopt, true, std::nullopt), aten(qs, k, v, true)));
+  CHECK_THROWS(sdpa(q, k.slice(1, 0, 2), v.slice(1, 0, 2), std::nullopt, true, std::nullopt));  // ATen's error, as before
 }
 
 TEST_CASE("Attention: the graph rewrite takes SDPA without mask or dropout, and gradients flow through it") {
@@ -426,7 +428,7 @@ TEST_CASE("Attention: the graph rewrite takes SDPA without mask or dropout, and 
   // (c's dropout is random: only a + b is compared.)
   at::Tensor want = m.forward({q, k, v, mask}).toTuple()->elements()[0].toTensor();
   at::Tensor gw = torch::autograd::grad({want.sum()}, {q})[0];
-  REQUIRE(use_fast_attention(m) == 1);  // the first call only: a mask or a dropout keep ATen's
+  REQUIRE(use_fast_attention(m) == 2);  // a and b (b's mask is not causal: ATen's at run time); c's dropout keeps ATen's
   at::Tensor got = m.forward({q, k, v, mask}).toTuple()->elements()[0].toTensor();
   at::Tensor gg = torch::autograd::grad({got.sum()}, {q})[0];
   CHECK(scaled(got, want) < 1e-5);
@@ -434,4 +436,47 @@ TEST_CASE("Attention: the graph rewrite takes SDPA without mask or dropout, and 
   const std::string graph = m.get_method("forward").graph()->toString();
   CHECK(graph.find("mfsdp::sdpa") != std::string::npos);
   CHECK(graph.find("aten::scaled_dot_product_attention") != std::string::npos);
+}
+
+TEST_CASE("Attention: an explicit causal mask (as Hugging Face models pass) takes the kernel, any other is ATen's") {
+  at::manual_seed(24);
+  const int64_t T = 40;
+  at::Tensor q = heads(2, 3, T, 16), k = heads(2, 3, T, 16), v = heads(2, 3, T, 16), g = at::randn({2, 3, T, 16});
+  at::Tensor tril = at::ones({T, T}, at::kBool).tril();
+  at::Tensor additive = at::zeros({T, T}).masked_fill(tril.logical_not(), -INFINITY);
+  at::Tensor lowest = at::zeros({T, T}).masked_fill(tril.logical_not(), std::numeric_limits<float>::lowest());
+  auto run = [&](const at::Tensor& mask, bool ours, std::string* node) {
+    at::Tensor qq = q.detach().requires_grad_(true);
+    at::Tensor o = ours ? sdpa(qq, k, v, mask, false, std::nullopt)
+                        : at::scaled_dot_product_attention(qq, k, v, mask, 0.0, false);
+    if (node) *node = o.grad_fn()->name();
+    return std::make_pair(o.detach(), torch::autograd::grad({o}, {qq}, {g})[0]);
+  };
+  for (const at::Tensor& mask : {tril, tril.expand({2, 1, T, T}).contiguous(), additive.view({1, 1, T, T}), lowest}) {
+    INFO("mask " << mask.sizes() << " " << mask.scalar_type());
+    CHECK(is_causal_mask(mask, T));
+    std::string node;
+    auto got = run(mask, true, &node);
+    auto want = run(mask, false, nullptr);
+    CHECK(node.find("Sdpa") != std::string::npos);
+    CHECK(scaled(got.first, want.first) < 1e-5);
+    CHECK(scaled(got.second, want.second) < 1e-5);
+  }
+  // Not the causal mask: ATen's call, bit for bit.
+  at::Tensor extra = tril.clone();
+  extra.index_put_({3, 9}, true);
+  at::Tensor padded = tril.clone();
+  padded.slice(1, 0, 2).fill_(false);
+  padded.diagonal().fill_(true);
+  at::Tensor soft = at::zeros({T, T}).masked_fill(tril.logical_not(), -1e4);
+  for (const at::Tensor& mask : {extra, padded, soft, at::ones({T, T}, at::kBool)}) {
+    CHECK(!is_causal_mask(mask, T));
+    std::string node;
+    auto got = run(mask, true, &node);
+    CHECK(node.find("Sdpa") == std::string::npos);
+    CHECK(at::equal(got.first, run(mask, false, nullptr).first));
+  }
+  // A mask together with is_causal: ATen's call, whatever it makes of the pair.
+  CHECK(at::equal(sdpa(q, k, v, tril, true, std::nullopt),
+                  at::scaled_dot_product_attention(q, k, v, tril, 0.0, true)));
 }

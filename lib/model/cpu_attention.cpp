@@ -20,6 +20,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "model/cpu_kernels.h"
@@ -77,6 +79,34 @@ bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1) &&
          v.size(2) == tk && k.size(3) == q.size(3) && q.size(3) >= 1 && v.size(3) >= 1 && q.size(2) >= 1 && tk >= 1 &&
          tk <= kCpuAttentionMaxKeys && (!causal || q.size(2) == tk);
+}
+
+bool is_causal_mask(const at::Tensor& mask, int64_t T) {
+  if (!mask.device().is_cpu() || mask.layout() != at::kStrided || mask.dim() < 2 || mask.size(-1) != T ||
+      mask.size(-2) != T)
+    return false;
+  const bool boolean = mask.scalar_type() == at::kBool;
+  if (!boolean && !at::isFloatingType(mask.scalar_type())) return false;
+  const at::Tensor m = boolean || mask.scalar_type() == at::kFloat ? mask.contiguous() : mask.to(at::kFloat).contiguous();
+  const int64_t planes = m.numel() / (T * T);
+  if (boolean) {  // each [T, T] plane byte for byte against the causal one (a bool is stored as 0 or 1)
+    std::vector<uint8_t> causal(size_t(T * T), 0);
+    for (int64_t i = 0; i < T; ++i) std::memset(causal.data() + i * T, 1, size_t(i + 1));
+    const bool* at = m.const_data_ptr<bool>();
+    for (int64_t p = 0; p < planes; ++p)
+      if (std::memcmp(at + p * T * T, causal.data(), causal.size()) != 0) return false;
+    return true;
+  }
+  const float* at = m.const_data_ptr<float>();
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < T; ++i) {
+      const float* row = at + (p * T + i) * T;
+      bool ok = true;  // no early exit inside the row: the loops vectorise
+      for (int64_t j = 0; j <= i; ++j) ok &= row[j] == 0.0f;
+      for (int64_t j = i + 1; j < T; ++j) ok &= row[j] <= -1e30f;
+      if (!ok) return false;
+    }
+  return true;
 }
 
 at::Tensor cpu_attention_forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal,

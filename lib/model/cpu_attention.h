@@ -18,6 +18,13 @@ constexpr int64_t kCpuAttentionMaxKeys = 256;
 // Tq == Tk when causal, and a BLAS sgemm_ in the process (LibTorch's MKL or OpenBLAS exports one).
 bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
 
+// Whether `mask`, an attn_mask for Tq = Tk = T rows and keys (any leading dimensions), is exactly the
+// causal mask: bool with true on and below the diagonal only, or additive with 0 there and -inf
+// (or at most -1e30, as the dtype's lowest that Hugging Face models fill with) above. Such a mask
+// computes what is_causal does, so mfsdp::sdpa can take the call. Checked on every call, element
+// by element (a cached answer could outlive the mask it was for).
+bool is_causal_mask(const at::Tensor& mask, int64_t T);
+
 // o = softmax(scale q k^T [+ causal mask]) v, shaped [B, H, Tq, Dv] with the strides of a transposed
 // [B, Tq, H, Dv] (as ATen's flash attention returns it). When `probs` is given it receives the
 // probabilities [B, H, Tq, Tk] (zeros above the diagonal when causal) for the backward.

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <optional>
 #include <set>
@@ -489,13 +490,33 @@ at::Tensor rotary_plain(const at::Tensor& x, const at::Tensor& cos, const at::Te
 
 // ---- scaled dot-product attention (model/cpu_attention.h) -------------------------------------
 
-at::Tensor sdpa_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+using OptMask = std::optional<at::Tensor>;
+
+at::Tensor sdpa_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask, bool causal,
                      std::optional<double> scale) {
-  return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale);
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, scale);
 }
 
 double sdpa_scale(const at::Tensor& q, std::optional<double> scale) {
   return scale ? *scale : 1.0 / std::sqrt(double(q.size(-1)));
+}
+
+// Calls of mfsdp::sdpa so far: through the kernel (with an explicit causal mask among them), and
+// through ATen's SDPA (describe_fast_attention).
+std::atomic<int64_t> sdpa_kernel_calls{0}, sdpa_mask_calls{0}, sdpa_aten_calls{0};
+
+// Whether mfsdp's kernel takes the call, and whether as causal: no mask, or a mask that is exactly
+// the causal one (Hugging Face models pass theirs explicitly) with is_causal false (a mask with
+// is_causal set goes to ATen, which decides what the pair means).
+bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask, bool& causal) {
+  const bool masked = mask && mask->defined();
+  bool takes = !masked || (!causal && q.dim() >= 2 && k.dim() >= 2 && q.size(-2) == k.size(-2) &&
+                           is_causal_mask(*mask, q.size(-2)));
+  if (takes && masked) causal = true;
+  takes = takes && cpu_attention_takes(q, k, v, causal);
+  (takes ? sdpa_kernel_calls : sdpa_aten_calls).fetch_add(1, std::memory_order_relaxed);
+  if (takes && masked) sdpa_mask_calls.fetch_add(1, std::memory_order_relaxed);
+  return takes;
 }
 
 struct Sdpa : public torch::autograd::Function<Sdpa> {
@@ -519,29 +540,32 @@ struct Sdpa : public torch::autograd::Function<Sdpa> {
 
 // mfsdp's kernel where it takes the inputs (fp32 on the CPU, short sequences), keeping the
 // probabilities only when a gradient will be asked for; ATen's attention elsewhere.
-at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                         std::optional<double> scale) {
-  if (!cpu_attention_takes(q, k, v, causal)) return sdpa_aten(q, k, v, causal, scale);
+at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
+                         bool is_causal, std::optional<double> scale) {
+  bool causal = is_causal;
+  if (!sdpa_takes(q, k, v, mask, causal)) return sdpa_aten(q, k, v, mask, is_causal, scale);
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!grad) return cpu_attention_forward(q, k, v, causal, sdpa_scale(q, scale), nullptr);
   return Sdpa::apply(q, k, v, causal, sdpa_scale(q, scale));
 }
-at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                      std::optional<double> scale) {
-  if (!cpu_attention_takes(q, k, v, causal)) return sdpa_aten(q, k, v, causal, scale);
+at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
+                      bool is_causal, std::optional<double> scale) {
+  bool causal = is_causal;
+  if (!sdpa_takes(q, k, v, mask, causal)) return sdpa_aten(q, k, v, mask, is_causal, scale);
   return cpu_attention_forward(q, k, v, causal, sdpa_scale(q, scale), nullptr);
 }
 
 // aten::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale[, enable_gqa])
-// with no mask, no dropout and no GQA broadcast (all constants in the graph) becomes
-// mfsdp::sdpa(q, k, v, is_causal, scale). A mask, a dropout that follows the module's training flag
-// (graph_rewrite.h) or enable_gqa keep ATen's call.
+// with no dropout and no GQA broadcast (constants in the graph) becomes mfsdp::sdpa(q, k, v,
+// attn_mask, is_causal, scale); whether a mask is the causal one is known only at run time
+// (sdpa_takes). A dropout that follows the module's training flag (graph_rewrite.h) or enable_gqa
+// keep ATen's call.
 bool replace_sdpa(torch::jit::Node* node) {
   const size_t n = node->inputs().size();
   if ((n != 7 && n != 8) || node->outputs().size() != 1) return false;
   auto constant = [&](size_t i) { return torch::jit::toIValue(node->input(i)); };
-  auto mask = constant(3), dropout = constant(4);
-  if (!mask || !mask->isNone() || !dropout || !dropout->isDouble() || dropout->toDouble() != 0.0) return false;
+  auto dropout = constant(4);
+  if (!dropout || !dropout->isDouble() || dropout->toDouble() != 0.0) return false;
   if (n == 8) {
     auto gqa = constant(7);
     if (!gqa || !gqa->isBool() || gqa->toBool()) return false;
@@ -549,7 +573,8 @@ bool replace_sdpa(torch::jit::Node* node) {
   torch::jit::Graph& g = *node->owningGraph();
   torch::jit::WithInsertPoint guard(node);
   torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::sdpa"),
-                                  {node->input(0), node->input(1), node->input(2), node->input(5), node->input(6)});
+                                  {node->input(0), node->input(1), node->input(2), node->input(3), node->input(5),
+                                   node->input(6)});
   y->setType(node->output()->type());
   node->output()->replaceAllUsesWith(y);
   node->destroy();
@@ -920,12 +945,22 @@ int use_fast_swiglu(torch::jit::Module& root) { return rewrite_nodes(root, {c10:
 
 int use_fast_rotary(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::add}, replace_rotary); }
 
+std::string describe_fast_attention() {
+  const int64_t ours = sdpa_kernel_calls.load(), masked = sdpa_mask_calls.load(), aten = sdpa_aten_calls.load();
+  return fmt::format("mfsdp's CPU attention: {} of {} calls ran its kernel ({} of them with an explicit causal "
+                     "mask){}",
+                     ours, ours + aten, masked,
+                     aten ? "; the others ATen's SDPA (bf16, more than 256 keys, k/v with fewer heads, or a mask "
+                            "other than the causal one)"
+                          : "");
+}
+
 int use_fast_attention(torch::jit::Module& root) {
   return rewrite_nodes(root, {c10::aten::scaled_dot_product_attention}, replace_sdpa);
 }
-at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                std::optional<double> scale) {
-  return sdpa_autograd(q, k, v, causal, scale);
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                bool causal, std::optional<double> scale) {
+  return sdpa_autograd(q, k, v, mask, causal, scale);
 }
 
 at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) { return silu_mul_autograd(a, b); }
@@ -941,7 +976,7 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def("rms_scale(Tensor x, float eps) -> Tensor");
   m.def("silu_mul(Tensor a, Tensor b) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, int dim, int split, int cat_dim) -> Tensor");
-  m.def("sdpa(Tensor q, Tensor k, Tensor v, bool is_causal, float? scale) -> Tensor");
+  m.def("sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {

@@ -2,7 +2,7 @@
 // devices and dtypes compute what the replaced ATen calls did. mfsdp::gelu_tanh(Tensor x): GELU in
 // its tanh form. mfsdp::rms_scale(Tensor x, float eps): RMSNorm's scaling. mfsdp::silu_mul(a, b):
 // SwiGLU's silu(a) * b. mfsdp::rotary(x, cos, sin, ...): the rotary embedding (rotate-half form).
-// mfsdp::sdpa(q, k, v, is_causal, scale): scaled dot-product attention.
+// mfsdp::sdpa(q, k, v, mask, is_causal, scale): scaled dot-product attention.
 // DESIGN.md section 7 ("CPU kernels of mfsdp's own").
 #pragma once
 #include <torch/csrc/jit/api/module.h>
@@ -36,13 +36,16 @@ int use_fast_rotary(torch::jit::Module& root);
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
                   int64_t cat_dim);
 
-// Replaces scaled_dot_product_attention(q, k, v) without a mask, dropout or enable_gqa (causal or
-// not, any scale) by mfsdp::sdpa(q, k, v, is_causal, scale): on fp32 CPU tensors with up to
-// kCpuAttentionMaxKeys keys, mfsdp's attention (model/cpu_attention.h), elsewhere ATen's call.
-// CPU runs only; after context parallelism has replaced the calls it splits. Returns the number replaced.
+// Replaces scaled_dot_product_attention(q, k, v, mask) without dropout or enable_gqa (causal or
+// not, any scale) by mfsdp::sdpa(q, k, v, mask, is_causal, scale): on fp32 CPU tensors with up to
+// kCpuAttentionMaxKeys keys and no mask or exactly the causal one (is_causal_mask), mfsdp's
+// attention (model/cpu_attention.h); elsewhere ATen's call as the graph made it. CPU runs only;
+// after context parallelism has replaced the calls it splits. Returns the number replaced.
 int use_fast_attention(torch::jit::Module& root);
-at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                std::optional<double> scale);
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                bool causal, std::optional<double> scale);
+// "mfsdp's CPU attention: N of M calls ran its kernel (...)": mfsdp::sdpa's calls in this process so far.
+std::string describe_fast_attention();
 
 // On a GPU, RMSNorm's scaling, SwiGLU's gate and the rotary embedding take kernels of the CUDA
 // plugin (model/device_fast_ops.h; RMSNorm's is ATen's fused one) only once they have been run

@@ -40,6 +40,7 @@
 #include "fsdp/engine.h"
 #include "mesh/device_mesh.h"
 #include "mesh/process_groups.h"
+#include "model/fast_ops.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
 #include "parallel/context_parallel.h"
@@ -213,6 +214,7 @@ class Trainer {
       save(result.steps, result);
     if (ckpt_) ckpt_->poll(/*wait=*/true);
     if (host_cache) log(describe_host_cache());
+    if (fast_attention_) log(describe_fast_attention());
     if (progress_) std::printf("\n");
     return result;
   }
@@ -316,7 +318,10 @@ class Trainer {
     if (cfg_.distributed.zero_dp_strategy == ZeroDpStrategy::kOptimGradsParams) log_root_note();
     tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
     cp_ = apply_context_parallel(*model_, cfg_, *pg_);  // replaces attention-core calls
-    if (const std::string a = model_->use_fast_attention(); !a.empty()) log(a);
+    if (const std::string a = model_->use_fast_attention(); !a.empty()) {
+      log(a);
+      fast_attention_ = true;
+    }
     const std::string trainable = model_->apply_trainable(cfg_);  // after TP: it replaces parameters
     for (const std::string& line : {tp_->describe(), cp_->describe(), trainable})
       if (!line.empty()) log(line);
@@ -842,6 +847,7 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<TensorParallel> tp_;
   std::unique_ptr<ContextParallel> cp_;
+  bool fast_attention_ = false;  // graphs call mfsdp::sdpa (Model::use_fast_attention)
   std::unique_ptr<ParallelEngine> engine_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataPipeline> data_;

@@ -670,6 +670,13 @@ foreach(knob "gemma;none;2 ${G}, 5 ${R}, 0 ${S}, 4 ${P}"
                    training.max_steps=1)
   set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120 ENVIRONMENT "${var}=off")
 endforeach()
+# mfsdp's CPU attention in an HF model: its SDPA calls pass transformers' causal mask explicitly,
+# which the kernel recognises on every call (the run's count says all of them ran it).
+add_test(NAME hf_cpu_attention_causal_mask
+         COMMAND ${EXPECT} 0 "mfsdp's CPU attention: 2 scaled_dot_product_attention call\\(s\\).*mfsdp's CPU attention: ([1-9][0-9]*) of \\1 calls ran its kernel \\(\\1 of them with an explicit causal mask\\)" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_cpu_attention_causal_mask
+                 training.max_steps=2)
+set_tests_properties(hf_cpu_attention_causal_mask PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120)
 # A unit called twice per forward whose second call the trace recorded as another graph (forward1:
 # another constant) is refused, naming the call; one whose calls are one graph trains (Dory above).
 add_test(NAME hf_repeat_model COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_repeat_model.py ${FX}/repeat.pt)
