@@ -510,10 +510,11 @@ std::atomic<int64_t> sdpa_kernel_calls{0}, sdpa_mask_calls{0}, sdpa_aten_calls{0
 // is_causal set goes to ATen, which decides what the pair means).
 bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask, bool& causal) {
   const bool masked = mask && mask->defined();
-  bool takes = !masked || (!causal && q.dim() >= 2 && k.dim() >= 2 && q.size(-2) == k.size(-2) &&
-                           is_causal_mask(*mask, q.size(-2)));
+  // The cheap checks (dtype, device, shapes, key count) first: the mask's element-by-element
+  // check runs only for a call the kernel would otherwise take.
+  bool takes = cpu_attention_takes(q, k, v, causal || masked);
+  if (takes && masked) takes = !causal && is_causal_mask(*mask, q.size(-2));
   if (takes && masked) causal = true;
-  takes = takes && cpu_attention_takes(q, k, v, causal);
   (takes ? sdpa_kernel_calls : sdpa_aten_calls).fetch_add(1, std::memory_order_relaxed);
   if (takes && masked) sdpa_mask_calls.fetch_add(1, std::memory_order_relaxed);
   return takes;

@@ -177,11 +177,14 @@ std::string Model::use_fast_kernels() {
       gelu, rms, swiglu, rotary);
 }
 
-std::string Model::use_fast_attention() {
-  const char* knob = std::getenv("MFSDP_FAST_ATTENTION");
-  if (!device_.is_cpu() || (knob && std::string(knob) == "off")) return "";
+std::string Model::use_fast_attention(bool& in_use) {
+  in_use = false;
+  if (!device_.is_cpu()) return "";
+  if (const char* knob = std::getenv("MFSDP_FAST_ATTENTION"); knob && std::string(knob) == "off")
+    return "mfsdp's CPU attention: off (MFSDP_FAST_ATTENTION=off): ATen's scaled_dot_product_attention runs";
   const int n = mfsdp::use_fast_attention(module_);
   if (n == 0) return "";
+  in_use = true;
   return fmt::format("mfsdp's CPU attention: {} scaled_dot_product_attention call(s) (fp32, up to {} keys; ATen's "
                      "flash attention beyond)",
                      n, kCpuAttentionMaxKeys);

@@ -112,8 +112,9 @@ class Model {
   std::string use_fast_kernels();
   // scaled_dot_product_attention without mask or dropout through mfsdp::sdpa (model/fast_ops.h) on
   // the CPU: after context parallelism has replaced the calls it splits (those are no longer SDPA
-  // calls). MFSDP_FAST_ATTENTION=off keeps ATen's. Returns a line to log, or "".
-  std::string use_fast_attention();
+  // calls). MFSDP_FAST_ATTENTION=off keeps ATen's (and says so). Returns a line to log, or ""; in_use
+  // says whether any call now runs mfsdp::sdpa.
+  std::string use_fast_attention(bool& in_use);
   void train(bool on) { module_.train(on); }
   // Casts every floating parameter (and buffer) to `dtype` in place of the old tensors.
   void cast(at::ScalarType dtype);

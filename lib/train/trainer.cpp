@@ -318,10 +318,7 @@ class Trainer {
     if (cfg_.distributed.zero_dp_strategy == ZeroDpStrategy::kOptimGradsParams) log_root_note();
     tp_ = apply_tensor_parallel(*model_, cfg_, *pg_);  // splits parameters, rewrites TP call sites
     cp_ = apply_context_parallel(*model_, cfg_, *pg_);  // replaces attention-core calls
-    if (const std::string a = model_->use_fast_attention(); !a.empty()) {
-      log(a);
-      fast_attention_ = true;
-    }
+    if (const std::string a = model_->use_fast_attention(fast_attention_); !a.empty()) log(a);
     const std::string trainable = model_->apply_trainable(cfg_);  // after TP: it replaces parameters
     for (const std::string& line : {tp_->describe(), cp_->describe(), trainable})
       if (!line.empty()) log(line);

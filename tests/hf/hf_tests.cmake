@@ -677,6 +677,13 @@ add_test(NAME hf_cpu_attention_causal_mask
                  ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_cpu_attention_causal_mask
                  training.max_steps=2)
 set_tests_properties(hf_cpu_attention_causal_mask PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120)
+# MFSDP_FAST_ATTENTION=off: the run says so, replaces no call, and no call runs the kernel.
+add_test(NAME hf_cpu_attention_off
+         COMMAND ${EXPECT} 0 "\\A(?!.*calls ran its kernel)(?!.*scaled_dot_product_attention call\\(s\\)).*mfsdp's CPU attention: off \\(MFSDP_FAST_ATTENTION=off\\)" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_cpu_attention_off
+                 training.max_steps=2)
+set_tests_properties(hf_cpu_attention_off PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120
+                     ENVIRONMENT "MFSDP_FAST_ATTENTION=off")
 # A unit called twice per forward whose second call the trace recorded as another graph (forward1:
 # another constant) is refused, naming the call; one whose calls are one graph trains (Dory above).
 add_test(NAME hf_repeat_model COMMAND ${MFSDP_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/hf/make_repeat_model.py ${FX}/repeat.pt)
