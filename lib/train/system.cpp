@@ -1,21 +1,102 @@
 #include "train/system.h"
 
 #include "device/device.h"
+#include "util/error.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace mfsdp {
+
+// MKL's kernels on a CPU not made by Intel (DESIGN.md section 7, "MKL's dispatch"). MKL picks its
+// code path by vendor first: on other vendors' CPUs it runs its generic ("def") kernels, AVX2 at
+// most, whatever the CPU has. It asks through mkl_serv_intel_cpu_true(), which the torch wheel's
+// LibTorch exports and calls through its PLT, so the definition below, exported by the mfsdp
+// executable (ENABLE_EXPORTS), is the one every MKL call sees. Answering 1 makes MKL choose by the
+// instruction set it then reads with CPUID, as on an Intel CPU: on an AMD EPYC (Zen 4) its AVX-512
+// sgemm, 10% faster than the generic kernels for the products of a step (bench/results_kernels.md).
+// MFSDP_MKL_DISPATCH=vendor keeps MKL's own answer. In executables that do not export it (the unit
+// tests) the definition is not seen and MKL keeps its own.
+namespace {
+std::atomic<int> mkl_vendor_questions{0};
+
+bool mkl_dispatch_by_vendor() {
+  const char* knob = std::getenv("MFSDP_MKL_DISPATCH");
+  return knob && std::string(knob) == "vendor";
+}
+}  // namespace
+}  // namespace mfsdp
+
+extern "C" __attribute__((visibility("default"), used)) int mkl_serv_intel_cpu_true() {
+  mfsdp::mkl_vendor_questions.fetch_add(1, std::memory_order_relaxed);
+  static const int answer = [] {
+    if (!mfsdp::mkl_dispatch_by_vendor()) return 1;
+    using Fn = int (*)();
+    auto own = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "mkl_serv_intel_cpu_true"));
+    return own ? own() : 0;
+  }();
+  return answer;
+}
+
+namespace mfsdp {
+
+std::string cpu_vendor() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx)) {
+    char v[13];
+    std::memcpy(v, &ebx, 4);
+    std::memcpy(v + 4, &edx, 4);
+    std::memcpy(v + 8, &ecx, 4);
+    v[12] = 0;
+    return v;
+  }
+#endif
+  return "";
+}
+
+void check_mkl_dispatch_knob() {
+  const char* knob = std::getenv("MFSDP_MKL_DISPATCH");
+  if (knob && *knob && std::string(knob) != "vendor" && std::string(knob) != "isa")
+    throw UserError(std::string("environment variable MFSDP_MKL_DISPATCH=") + knob +
+                    ": expected \"isa\" (MKL's kernels by instruction set, the default) or \"vendor\" (MKL's own "
+                    "choice by CPU vendor)");
+}
+
+std::string mkl_dispatch_description() {
+  check_mkl_dispatch_knob();
+  const std::string vendor = cpu_vendor();
+  if (!at::hasMKL() || vendor.empty() || vendor == "GenuineIntel") return "";
+  // One small product makes MKL choose its code path, if it has not yet in this process; then
+  // mkl_serv_cpu_detect() (exported by LibTorch) says which: 0 is its generic one.
+  (void)at::mm(at::ones({8, 8}), at::ones({8, 8}));
+  using DetectFn = int (*)();
+  auto detect = reinterpret_cast<DetectFn>(dlsym(RTLD_DEFAULT, "mkl_serv_cpu_detect"));
+  const bool asked = mkl_vendor_questions.load() > 0;
+  const bool by_isa = detect ? detect() != 0 : asked && !mkl_dispatch_by_vendor();
+  if (by_isa)
+    return "kernels by instruction set on this " + vendor + " CPU" +
+           (mkl_dispatch_by_vendor() ? std::string(" (MKL's own choice)") : "; MFSDP_MKL_DISPATCH=vendor: MKL's own choice");
+  if (mkl_dispatch_by_vendor()) return "its generic kernels on this " + vendor + " CPU (MFSDP_MKL_DISPATCH=vendor)";
+  if (!asked) return "its generic kernels on this " + vendor + " CPU (this LibTorch does not let mfsdp answer MKL's vendor check)";
+  return "its generic kernels on this " + vendor + " CPU (MKL has no others for its instruction set)";
+}
 
 int cores_available() {
   cpu_set_t set;
@@ -79,6 +160,7 @@ std::string blas_description() {
   // runs and the ATen kernels' vector width, which decides CPU throughput (bf16 GEMMs without
   // AVX-512 BF16 or AMX are emulated and ~70x slower than fp32 on an AVX2 machine: measured).
   std::string blas = at::hasMKL() ? "MKL" : "BLAS of the torch build";
+  if (const std::string d = mkl_dispatch_description(); !d.empty()) blas += " (" + d + ")";
   using CfgFn = char* (*)();
   if (!at::hasMKL())
     if (auto fn = reinterpret_cast<CfgFn>(dlsym(RTLD_DEFAULT, "openblas_get_config"))) blas = std::string("OpenBLAS ") + fn();
