@@ -30,11 +30,24 @@ namespace mfsdp {
 // LibTorch exports and calls through its PLT, so the definition below, exported by the mfsdp
 // executable (ENABLE_EXPORTS), is the one every MKL call sees. Answering 1 makes MKL choose by the
 // instruction set it then reads with CPUID, as on an Intel CPU: on an AMD EPYC (Zen 4) its AVX-512
-// sgemm, 10% faster than the generic kernels for the products of a step (bench/results_kernels.md).
+// sgemm, 4-11% faster than the generic kernels for the products of a step
+// (bench/results_mkl_dispatch.md). mfsdp answers so only on CPUs with AVX-512 (cpu_has_avx512).
 // MFSDP_MKL_DISPATCH=vendor keeps MKL's own answer. In executables that do not export it (the unit
 // tests) the definition is not seen and MKL keeps its own.
 namespace {
 std::atomic<int> mkl_vendor_questions{0};
+
+// MKL's AVX-512 kernels need F, CD, BW, DQ and VL. Only there does mfsdp answer for MKL: that is
+// where it was measured to gain. On AVX2-only CPUs of other vendors MKL's generic kernels include
+// ones tuned for them (`_zen`), against which its Intel AVX2 path was not measured.
+bool cpu_has_avx512() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
 
 bool mkl_dispatch_by_vendor() {
   const char* knob = std::getenv("MFSDP_MKL_DISPATCH");
@@ -46,7 +59,7 @@ bool mkl_dispatch_by_vendor() {
 extern "C" __attribute__((visibility("default"), used)) int mkl_serv_intel_cpu_true() {
   mfsdp::mkl_vendor_questions.fetch_add(1, std::memory_order_relaxed);
   static const int answer = [] {
-    if (!mfsdp::mkl_dispatch_by_vendor()) return 1;
+    if (!mfsdp::mkl_dispatch_by_vendor() && mfsdp::cpu_has_avx512()) return 1;
     using Fn = int (*)();
     auto own = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "mkl_serv_intel_cpu_true"));
     return own ? own() : 0;
@@ -89,11 +102,12 @@ std::string mkl_dispatch_description() {
   using DetectFn = int (*)();
   auto detect = reinterpret_cast<DetectFn>(dlsym(RTLD_DEFAULT, "mkl_serv_cpu_detect"));
   const bool asked = mkl_vendor_questions.load() > 0;
-  const bool by_isa = detect ? detect() != 0 : asked && !mkl_dispatch_by_vendor();
+  const bool by_isa = detect ? detect() != 0 : asked && !mkl_dispatch_by_vendor() && cpu_has_avx512();
   if (by_isa)
     return "kernels by instruction set on this " + vendor + " CPU" +
            (mkl_dispatch_by_vendor() ? std::string(" (MKL's own choice)") : "; MFSDP_MKL_DISPATCH=vendor: MKL's own choice");
   if (mkl_dispatch_by_vendor()) return "its generic kernels on this " + vendor + " CPU (MFSDP_MKL_DISPATCH=vendor)";
+  if (!cpu_has_avx512()) return "its own choice on this " + vendor + " CPU without AVX-512";
   if (!asked) return "its generic kernels on this " + vendor + " CPU (this LibTorch does not let mfsdp answer MKL's vendor check)";
   return "its generic kernels on this " + vendor + " CPU (MKL has no others for its instruction set)";
 }
