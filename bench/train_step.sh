@@ -50,11 +50,13 @@ if grep -qE "avx512_bf16|amx_bf16" /proc/cpuinfo; then variants+=(bf16); else
 # mfsdp's binary links jemalloc (DESIGN.md section 7); PyTorch runs with glibc's malloc unless
 # preloaded. The jemalloc column gives PyTorch eager the same malloc (LD_PRELOAD), when it is here.
 JEMALLOC=$(ldconfig -p 2>/dev/null | awk '/libjemalloc.so.2 / { print $NF; exit }')
-# mfsdp's binary also answers MKL's vendor check on CPUs not made by Intel, so that MKL picks its
+# mfsdp's binary also answers MKL's vendor check on CPUs with AVX-512 not made by Intel, so that MKL picks its
 # kernels by instruction set (lib/train/system.cpp; ~10% faster products on an AMD EPYC). The
 # "eager + mfsdp's settings" column gives PyTorch eager both: jemalloc and that answer, preloaded.
 PRELOAD=$JEMALLOC
-if ! grep -q GenuineIntel /proc/cpuinfo && command -v cc > /dev/null; then
+avx512=yes
+for f in avx512f avx512cd avx512bw avx512dq avx512vl; do grep -qw $f /proc/cpuinfo || avx512=no; done
+if ! grep -q GenuineIntel /proc/cpuinfo && [ $avx512 = yes ] && command -v cc > /dev/null; then
   echo 'int mkl_serv_intel_cpu_true(void) { return 1; }' > "$W/mkl_isa.c"
   cc -shared -fPIC -O2 "$W/mkl_isa.c" -o "$W/libmkl_isa.so" && PRELOAD="$PRELOAD${PRELOAD:+:}$W/libmkl_isa.so"
 fi
@@ -99,7 +101,7 @@ fi
   echo "KJV byte-level data. Median of steps 6..$STEPS. torch.compile: the model (forward and backward through Inductor),"
   echo "the optimizer eager; compilation falls in the first steps, outside the median. PyTorch bf16 = autocast (FSDP2:"
   echo "bf16 parameters, fp32 reduction); mfsdp bf16 = bf16 compute with fp32 main weights and fp32 gradient reduction."
-  echo "mfsdp's binary links jemalloc as its malloc and, on a CPU not made by Intel, makes MKL pick its kernels by instruction set;"
+  echo "mfsdp's binary links jemalloc as its malloc and, on a CPU with AVX-512 not made by Intel, makes MKL pick its kernels by instruction set;"
   echo "\"eager + mfsdp's settings\" is PyTorch eager with both preloaded (LD_PRELOAD: $(echo "${PRELOAD:-nothing}" | sed "s|$W/||g"))."
   echo "Written by ROWS=$ROWS bench/train_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), mfsdp of commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- lib apps || echo ' with uncommitted changes')."
   echo

@@ -513,8 +513,10 @@ bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   // The cheap checks (dtype, device, shapes, key count) first: the mask's element-by-element
   // check runs only for a call the kernel would otherwise take.
   bool takes = cpu_attention_takes(q, k, v, causal || masked);
-  if (takes && masked) takes = !causal && is_causal_mask(*mask, q.size(-2));
-  if (takes && masked) causal = true;
+  if (takes && masked) {
+    takes = !causal && is_causal_mask(*mask, q.size(-2));
+    causal = true;  // what the mask computes, when taken (otherwise ATen's call gets is_causal as given)
+  }
   (takes ? sdpa_kernel_calls : sdpa_aten_calls).fetch_add(1, std::memory_order_relaxed);
   if (takes && masked) sdpa_mask_calls.fetch_add(1, std::memory_order_relaxed);
   return takes;

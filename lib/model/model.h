@@ -110,7 +110,7 @@ class Model {
   // passed its check against ATen there. Graph rewrites made before the first call. Not for a model
   // that is saved again (export): the file would call mfsdp's ops. Returns a line to log, or "".
   std::string use_fast_kernels();
-  // scaled_dot_product_attention without mask or dropout through mfsdp::sdpa (model/fast_ops.h) on
+  // scaled_dot_product_attention without dropout through mfsdp::sdpa (model/fast_ops.h) on
   // the CPU: after context parallelism has replaced the calls it splits (those are no longer SDPA
   // calls). MFSDP_FAST_ATTENTION=off keeps ATen's (and says so). Returns a line to log, or ""; in_use
   // says whether any call now runs mfsdp::sdpa.

@@ -69,6 +69,8 @@ extern "C" __attribute__((visibility("default"), used)) int mkl_serv_intel_cpu_t
 
 namespace mfsdp {
 
+namespace {
+// The CPUID vendor string ("GenuineIntel", "AuthenticAMD"), "" off x86-64.
 std::string cpu_vendor() {
 #if defined(__x86_64__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -84,6 +86,8 @@ std::string cpu_vendor() {
   return "";
 }
 
+}  // namespace
+
 void check_mkl_dispatch_knob() {
   const char* knob = std::getenv("MFSDP_MKL_DISPATCH");
   if (knob && *knob && std::string(knob) != "vendor" && std::string(knob) != "isa")
@@ -92,8 +96,10 @@ void check_mkl_dispatch_knob() {
                     "choice by CPU vendor)");
 }
 
+namespace {
+// How MKL chooses its kernels on this CPU ("" on Intel's, or without MKL): by instruction set
+// (mfsdp's answer above) or by vendor (MFSDP_MKL_DISPATCH=vendor, or a CPU without AVX-512).
 std::string mkl_dispatch_description() {
-  check_mkl_dispatch_knob();
   const std::string vendor = cpu_vendor();
   if (!at::hasMKL() || vendor.empty() || vendor == "GenuineIntel") return "";
   // One small product makes MKL choose its code path, if it has not yet in this process; then
@@ -111,6 +117,7 @@ std::string mkl_dispatch_description() {
   if (!asked) return "its generic kernels on this " + vendor + " CPU (this LibTorch does not let mfsdp answer MKL's vendor check)";
   return "its generic kernels on this " + vendor + " CPU (MKL has no others for its instruction set)";
 }
+}  // namespace
 
 int cores_available() {
   cpu_set_t set;

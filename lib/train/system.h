@@ -20,13 +20,9 @@ double measure_peak_tflops(bool bf16, c10::Device device = c10::Device(c10::kCPU
 // "MKL (...), CPU kernels AVX2, malloc ...": what runs this rank's CPU products and kernels. Throws
 // on a bad MFSDP_MKL_DISPATCH (isa or vendor).
 std::string blas_description();
-// How MKL chooses its kernels on this CPU ("" on Intel's, or without MKL): by instruction set
-// (mfsdp's answer to MKL's vendor check, system.cpp) or by vendor (MFSDP_MKL_DISPATCH=vendor).
-std::string mkl_dispatch_description();
-// Throws UserError unless MFSDP_MKL_DISPATCH is unset, empty, "isa" or "vendor".
+// Throws UserError unless MFSDP_MKL_DISPATCH (how MKL chooses its kernels on a CPU not made by
+// Intel, system.cpp) is unset, empty, "isa" or "vendor". `mfsdp train` checks it first thing.
 void check_mkl_dispatch_knob();
-// The CPUID vendor string ("GenuineIntel", "AuthenticAMD"), "" off x86-64.
-std::string cpu_vendor();
 // "malloc jemalloc 5.3.0-..." or "malloc glibc": the allocator this process's malloc is.
 std::string malloc_description();
 
