@@ -25,7 +25,9 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
+#include <unordered_map>
 
 #include "comm/communicator.h"
 #include "comm/flight_recorder.h"
@@ -33,6 +35,7 @@
 #include "fsdp/unit_ops.h"
 #include "mesh/process_groups.h"
 #include "model/graph_rewrite.h"
+#include "model/linear.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/strings.h"
@@ -87,7 +90,7 @@ struct Bucket {
   at::Tensor norm;        // tp 1: ||grad_shard||, taken in finish_grad_sync as its reduction finished
 };
 
-class FsdpEngine final : public ParallelEngine, public UnitHooks {
+class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSink {
  public:
   FsdpEngine(Model& model, const Config& cfg, ProcessGroups& pg)
       : model_(model),
@@ -136,9 +139,11 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     }
     checkpointed_calls_ = instrument_units(model_, d_.activation_checkpointing);
     set_unit_hooks(this);
+    take_linear_grads();
   }
 
   ~FsdpEngine() override {
+    set_grad_sink(nullptr);
     set_unit_hooks(nullptr);
     for (auto& b : buckets_)
       if (b.gather) b.gather->wait();
@@ -183,7 +188,11 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   void on_grad_ready(int pi) {
     auto& p = model_.params()[pi];
     at::Tensor g = p.tensor.grad();
-    if (!g.defined()) return;
+    // A linear layer's product may have written this parameter's gradient into the bucket already
+    // (sink_buffer): then autograd brings none, or only what other uses of it gave (a tied head).
+    const bool sunk = sunk_[pi];
+    sunk_[pi] = 0;
+    if (!g.defined() && !sunk) return;
     const ParamInfo& info = info_[pi];
     Bucket& b = buckets_[info.bucket];
     // The bucket's last gradient of this backward: autograd runs a parameter's accumulator only
@@ -193,7 +202,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
     // parameter (an output head) then holds its weights or its gradient buffer beside autograd's
     // gradient, never all three (DESIGN.md section 5).
     if (strategy_ == 3 && b.unit >= 0 && b.pending == 1) release(b);
-    {
+    if (g.defined()) {
       at::NoGradGuard ng;
       if (!b.grad_full.defined() && adoptable(b, info, g)) {
         // A bucket of this one parameter, reduced every backward (strategies 2-3): autograd's
@@ -219,6 +228,55 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
       if (d_.overlap_grad_reduce && (last_micro_ || strategy_ >= 2)) launch_in_order();
       retire_finished_reduces();
     }
+  }
+
+  // ---------------------------------------------------------------- gradients into the buckets
+  // GradSink (model/linear.h): every aten::linear of the model becomes mfsdp::linear, whose backward
+  // writes the weight's (and bias's) gradient with the product itself into this engine's gradient
+  // buffer, as Megatron's gradient-accumulation fusion writes main_grad: the first gradient of a
+  // step overwrites (beta 0), later ones add (beta 1). Autograd then holds no gradient tensor for
+  // them and on_grad_ready copies nothing. Only where the gradient buffer has the compute dtype
+  // (fp32, or bf16 without grad_reduce_in_fp32): a bf16 product into fp32 main gradients stays
+  // autograd's, converted by the copy. MFSDP_GRAD_INTO_BUCKETS=off keeps every gradient autograd's
+  // (bench/ measures both ways).
+  void take_linear_grads() {
+    sunk_.assign(model_.params().size(), 0);
+    const char* knob = std::getenv("MFSDP_GRAD_INTO_BUCKETS");
+    if (knob && std::string(knob) == "off") {
+      sink_note_ = "; gradients: autograd's, copied into the buckets (MFSDP_GRAD_INTO_BUCKETS=off)";
+      return;
+    }
+    if (gd_ != cd_) {
+      sink_note_ = fmt::format("; gradients: autograd's {}, converted into the {} buckets", c10::toString(cd_),
+                               c10::toString(gd_));
+      return;
+    }
+    const auto& params = model_.params();
+    for (size_t pi = 0; pi < params.size(); ++pi)
+      if (!params[pi].frozen && !buckets_[info_[pi].bucket].frozen)
+        sink_index_[params[pi].tensor.unsafeGetTensorImpl()] = int(pi);
+    const int calls = use_sink_linear(model_.module());
+    if (calls == 0) return;
+    set_grad_sink(this);
+    sink_note_ = fmt::format("; gradients: the products of {} linear call site(s) write theirs into the buckets", calls);
+  }
+  int sink_param(const at::Tensor& t) const override {
+    auto it = sink_index_.find(t.unsafeGetTensorImpl());
+    return it != sink_index_.end() && t.scalar_type() == gd_ && t.device() == dev_ ? it->second : -1;
+  }
+  at::Tensor sink_buffer(int pi, bool& accumulate) override {
+    const ParamInfo& info = info_[pi];
+    Bucket& b = buckets_[info.bucket];
+    if (!b.grad_full.defined()) {  // strategies 2-3: the first gradient of this backward into it
+      b.grad_full = at::zeros({b.padded}, opt(gd_));
+      track(b.padded * at::elementSize(gd_));
+    }
+    // Strategies 0-1 keep the buffer between steps and overwrite on the step's first gradient
+    // (start_step); 2-3 allocate it zeroed for each backward.
+    accumulate = strategy_ >= 2 || written_[pi];
+    written_[pi] = 1;
+    sunk_[pi] = 1;
+    return b.grad_full.narrow(0, info.offset, info.numel).view(model_.params()[pi].tensor.sizes());
   }
 
   // Whether autograd's gradient `g` can serve as bucket b's full gradient buffer: b holds only this
@@ -405,7 +463,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
         d_.overlap_grad_reduce ? "on" : "off",
         d_.overlap_param_gather ? "on" : "off", d_.fsdp_double_buffer ? ", double buffer" : "",
         checkpointed_calls_ ? fmt::format("; activation checkpointing: {} unit calls recomputed in backward", checkpointed_calls_)
-                            : "") + init_note_;
+                            : "") + init_note_ + sink_note_;
   }
 
   const std::vector<SlotRange>& slot_ranges() const override { return ranges_; }
@@ -909,6 +967,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks {
   std::vector<Bucket> buckets_;
   std::vector<ParamInfo> info_;
   std::vector<uint8_t> written_;   // strategies 0-1: whether parameter pi's gradient was stored this step
+  std::vector<uint8_t> sunk_;      // parameter pi's gradient was written into its bucket by a product
+  std::unordered_map<const c10::TensorImpl*, int> sink_index_;  // parameters whose gradients products write
+  std::string sink_note_;
   std::vector<int> launch_order_;  // buckets' reductions start in this order on every rank
   size_t next_launch_ = 0;         // launch_order_[next_launch_] is the next to start
   std::vector<std::vector<int>> unit_groups_;  // unit -> its buckets (one, or one per parameter)

@@ -1,0 +1,124 @@
+// mfsdp::linear: the linear layer whose weight gradient is written into the engine's bucket by the
+// product that computes it (model/linear.h; DESIGN.md section 5, "Gradients into the buckets").
+#include "model/linear.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/library.h>
+
+#include <atomic>
+
+#include "model/graph_rewrite.h"
+
+namespace mfsdp {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::atomic<GradSink*> g_sink{nullptr};
+
+// The parameter index the sink gives `t`, or -1 (no sink, no tensor, or not one of its parameters).
+int64_t sink_index(const at::Tensor& t) {
+  GradSink* s = g_sink.load(std::memory_order_relaxed);
+  return s && t.defined() && t.requires_grad() ? s->sink_param(t) : -1;
+}
+
+// The gradient of a parameter from the backward's product: into the sink's buffer when it takes the
+// parameter (then autograd gets none), else a tensor of its own. `product(out, accumulate)` writes
+// the gradient into `out` (overwriting, or adding to what it holds); `fresh()` computes it anew.
+template <class Write, class Fresh>
+at::Tensor param_grad(int64_t pi, Write product, Fresh fresh) {
+  GradSink* s = g_sink.load(std::memory_order_relaxed);
+  if (pi < 0 || !s) return fresh();
+  bool accumulate = false;
+  at::Tensor dst = s->sink_buffer(int(pi), accumulate);
+  product(dst, accumulate);
+  return at::Tensor();
+}
+
+// y = x w^T + b. The forward is ATen's own call; the backward is the products ATen's would run
+// (AddmmBackward / MmBackward): dx = dy w, dw = dy^T x (in w's row-major layout), db = sum of dy's
+// rows. Inputs of any rank: the leading dimensions of x and dy fold into rows.
+struct Linear : public torch::autograd::Function<Linear> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const std::optional<at::Tensor>& b) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["w_sink"] = sink_index(w);
+    ctx->saved_data["b_sink"] = b ? sink_index(*b) : -1;
+    ctx->saved_data["has_bias"] = b.has_value();
+    return at::linear(x, w, b);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const int64_t out = w.size(0), in = w.size(1);
+    const at::Tensor dy = g[0].reshape({-1, out});
+    at::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) dx = dy.mm(w).view(x.sizes());
+    if (ctx->needs_input_grad(1)) {
+      const at::Tensor x2 = x.reshape({-1, in});
+      dw = param_grad(
+          ctx->saved_data["w_sink"].toInt(),
+          [&](at::Tensor& dst, bool accumulate) {
+            if (accumulate) dst.addmm_(dy.t(), x2);
+            else at::mm_out(dst, dy.t(), x2);
+          },
+          [&] { return dy.t().mm(x2); });
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+      db = param_grad(
+          ctx->saved_data["b_sink"].toInt(),
+          [&](at::Tensor& dst, bool accumulate) {
+            if (accumulate) dst.add_(dy.sum(0));
+            else at::sum_out(dst, dy, {0});
+          },
+          [&] { return dy.sum(0); });
+    return {dx, dw, db};
+  }
+};
+
+at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  const std::optional<at::Tensor> bias = b && b->defined() ? b : std::nullopt;
+  const bool grad = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || w.requires_grad() || (bias && bias->requires_grad()));
+  // Only a 2-D weight is a Linear's; anything else (and every call that records no graph) is ATen's.
+  if (!grad || w.dim() != 2) return at::linear(x, w, bias);
+  return Linear::apply(x, w, bias);
+}
+
+at::Tensor linear_plain(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  return at::linear(x, w, b);
+}
+
+bool replace_linear(torch::jit::Node* node) {
+  if (node->inputs().size() != 3 || node->outputs().size() != 1) return false;
+  torch::jit::Graph& g = *node->owningGraph();
+  torch::jit::WithInsertPoint guard(node);
+  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::linear"),
+                                  {node->input(0), node->input(1), node->input(2)});
+  y->setType(node->output()->type());
+  node->output()->replaceAllUsesWith(y);
+  node->destroy();
+  return true;
+}
+
+}  // namespace
+
+void set_grad_sink(GradSink* sink) { g_sink.store(sink); }
+
+int use_sink_linear(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::linear}, replace_linear); }
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  return linear_autograd(x, w, b);
+}
+
+}  // namespace mfsdp
+
+TORCH_LIBRARY_FRAGMENT(mfsdp, m) { m.def("linear(Tensor x, Tensor w, Tensor? b) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) { m.impl("linear", mfsdp::linear_autograd); }
+
+TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) { m.impl("linear", mfsdp::linear_plain); }
