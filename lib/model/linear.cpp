@@ -1,5 +1,5 @@
 // mfsdp::linear: the linear layer whose weight gradient is written into the engine's bucket by the
-// product that computes it (model/linear.h; DESIGN.md section 5, "Gradients into the buckets").
+// product that computes it (model/linear.h; DESIGN.md section 7, step 3, "Gradients into the buckets").
 #include "model/linear.h"
 
 #include <ATen/ATen.h>

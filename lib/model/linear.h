@@ -1,6 +1,6 @@
 // mfsdp::linear(x, w, b): aten::linear whose weight and bias gradients are written by the backward's
-// products straight into the parallel engine's gradient buffers (DESIGN.md section 5, "Gradients
-// into the buckets"), as Megatron's gradient-accumulation fusion writes into main_grad. Autograd
+// products straight into the parallel engine's gradient buffers (DESIGN.md section 7, step
+// 3, "Gradients into the buckets"), as Megatron's gradient-accumulation fusion writes into main_grad. Autograd
 // then carries no gradient tensor for those parameters: no per-parameter copy into the bucket and
 // no gradient-sized temporary, and a second micro-batch accumulates in the product (beta = 1).
 #pragma once
