@@ -17,14 +17,10 @@ DATA=runs/demo/data/kjv
 [ -f "$DATA.idx" ] || { echo "run scripts/demo.sh first (it prepares $DATA)"; exit 1; }
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-for arch in gpt llama; do
-  .venv/bin/python scripts/export_model.py --arch $arch --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 128 \
-    --out "$W/$arch.pt" > /dev/null
-done
-common=(data.train=$DATA data.valid_fraction=0 training.max_steps=$STEPS training.micro_batch_size=8
-        training.global_batch_size=8 training.seq_length=128 training.threads=1 training.eval_every=0
-        training.log_every=1000 lr_scheduler.warmup_steps=0 lr_scheduler.name=constant lr_scheduler.min_lr=0 optimizer.lr=1e-4
-        logging.peak_tflops=1 distributed.zero_dp_strategy=no_shard)
+source bench/lib.sh
+bench_step_models "$W"
+bench_step_common "$DATA" "$STEPS"
+common=("${STEP_COMMON[@]}" training.global_batch_size=8 distributed.zero_dp_strategy=no_shard)
 BF16=(model.compute_dtype=bf16 distributed.preserve_fp32_weights=true)
 variants=(fp32)
 grep -qE "avx512_bf16|amx_bf16" /proc/cpuinfo && variants+=(bf16)

@@ -17,15 +17,11 @@ DATA=runs/demo/data/kjv
 MPIRUN=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 # Both sides run the wheel's LibTorch and its MKL: the comparison is of the trainers.
 PY=.venv/bin/python
-# The shape of the reference figures in ../shared/reference/formats.md: 4 x 256, 4 heads, seq 128,
-# micro-batch 8, AdamW, clipping at 1.0; GPT (learned positions, GELU) and Llama (RoPE, SwiGLU).
-for arch in gpt llama; do
-  .venv/bin/python scripts/export_model.py --arch $arch --layers 4 --d-model 256 --heads 4 --vocab 264 --max-seq 128 \
-    --out "$W/$arch.pt" > /dev/null
-done
-common=(data.train=$DATA data.valid_fraction=0 training.max_steps=$STEPS training.micro_batch_size=8
-        training.seq_length=128 training.threads=1 training.eval_every=0 training.log_every=1000
-        lr_scheduler.warmup_steps=0 lr_scheduler.name=constant lr_scheduler.min_lr=0 optimizer.lr=1e-4 logging.peak_tflops=1)
+# The shape of the reference figures (bench/lib.sh), clipping at 1.0.
+source bench/lib.sh
+bench_step_models "$W"
+bench_step_common "$DATA" "$STEPS"
+common=("${STEP_COMMON[@]}")
 median() { python3 -c "import json,statistics,sys; t=[json.loads(l)['step_time_s'] for l in open(sys.argv[1])][5:]; print(f'{1000*statistics.median(t):.1f}')" "$1/metrics.jsonl"; }
 run_mfsdp() {  # name np extra...
   local name=$1 np=$2; shift 2
