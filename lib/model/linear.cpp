@@ -119,10 +119,6 @@ void set_grad_sink(GradSink* sink) { g_sink.store(sink); }
 
 int use_sink_linear(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::linear}, replace_linear); }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
-  return linear_autograd(x, w, b);
-}
-
 }  // namespace mfsdp
 
 TORCH_LIBRARY_FRAGMENT(mfsdp, m) { m.def("linear(Tensor x, Tensor w, Tensor? b) -> Tensor"); }

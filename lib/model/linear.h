@@ -34,7 +34,4 @@ void set_grad_sink(GradSink* sink);
 // by their aten::linear). Returns the number of calls replaced.
 int use_sink_linear(torch::jit::Module& root);
 
-// The op (for tests): the forward is aten::linear's; the backward ATen's products.
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b);
-
 }  // namespace mfsdp
