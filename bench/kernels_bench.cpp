@@ -1,6 +1,7 @@
 // mfsdp's CPU ops against the ATen ops they replace, forward + backward through autograd, on the
 // shapes of bench/train_step.sh's Llama and GPT (micro-batch 8 x 128 tokens, d 256, 4 heads of 64,
-// FFN 704 / 1024), and causal attention at 128 and 256 tokens. Writes one markdown row per op: ms
+// FFN 704 / 1024), and causal attention at 128 to 2048 tokens (the probabilities kept up to 256,
+// recomputed from a log-sum-exp beyond: model/cpu_attention.cpp). Writes one markdown row per op: ms
 // per call of each, their ratio.
 //   build/bench/kernels_bench [ROUNDS] [THREADS]
 // Rounds alternate the two sides; each side's figure is its best round (this machine is shared: a
@@ -82,9 +83,10 @@ int main(int argc, char** argv) {
                   [=] { torch::autograd::grad({h * at::rsqrt(h.pow(2).mean({-1}, true) + 1e-6)}, {h}, {gh}); },
                   [=] { torch::autograd::grad({mfsdp::rms_scale(h, 1e-6)}, {h}, {gh}); }});
   // Causal attention (fp32: the kernel's dtype) on q, k, v [B, 4, T, 64] as attention makes them,
-  // 1024 tokens per call: the bench's 8 x 128, and 4 x 256 (the longest the kernel takes).
-  for (int64_t t : {128, 256}) {
-    const int64_t bs = 1024 / t;
+  // 1024 tokens per call up to 1024 per sequence (the bench's 8 x 128; 4 x 256, the longest with
+  // the probabilities kept; 512 and 1024 with them recomputed), then one sequence of 2048.
+  for (int64_t t : {128, 256, 512, 1024, 2048}) {
+    const int64_t bs = std::max<int64_t>(1, 1024 / t);
     auto qkv = [&] { return at::randn({bs, t, 4, 64}).transpose(1, 2).detach().requires_grad_(true); };
     at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({bs, 4, t, 64});
     rows.push_back({"causal attention, [" + std::to_string(bs) + ", 4, " + std::to_string(t) + ", 64], fp32",

@@ -3,12 +3,12 @@
 # model, data, batch and threads, measured side by side in one run (this machine is shared and noisy: compare ratios).
 # Writes bench/results_train_step.md. Needs the demo's data (scripts/demo.sh prepares it).
 #   bench/train_step.sh [STEPS]
-#   ROWS=1t,2t bench/train_step.sh      # only these rows (of 1t 2t dp2 s3 file; default all), into OUT
+#   ROWS=1t,2t bench/train_step.sh      # only these rows (of 1t 2t dp2 s3 file long; default all), into OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-25}
 MFSDP=${MFSDP:-build/bin/mfsdp}
-ROWS=${ROWS:-1t,2t,dp2,s3,file}
+ROWS=${ROWS:-1t,2t,dp2,s3,file,long}
 OUT=${OUT:-bench/results_train_step.md}
 want() { [[ ",$ROWS," == *",$1,"* ]]; }
 W=$(mktemp -d)
@@ -33,7 +33,7 @@ run_mfsdp() {  # name np extra...
   "${launch[@]}" "$MFSDP" train "${common[@]}" run_dir=$W/$name "$@" > "$W/$name.log" 2>&1 || { cat "$W/$name.log" >&2; exit 1; }
   median "$W/$name"
 }
-run_torch() { "$PY" bench/pytorch_step.py --data "$DATA" --micro 8 --seq 128 --steps "$STEPS" "$@" 2> "$W/torch.err" | awk '{print $2}'
+run_torch() { "$PY" bench/pytorch_step.py --data "$DATA" --micro "${MICRO:-8}" --seq "${SEQ:-128}" --steps "$STEPS" "$@" 2> "$W/torch.err" | awk '{print $2}'
               [ "${PIPESTATUS[0]}" = 0 ] || { cat "$W/torch.err" >&2; exit 1; }; }
 ratio() { python3 -c "print(f'{$1/$2:.2f}')"; }
 
@@ -90,11 +90,25 @@ if want file; then
   t=$(run_torch --threads 1 --procs 1 --jit "$W/gpt.pt")
   rows+=("| gpt, 1 process x 1 thread, fp32, PyTorch training the same TorchScript file | $m | $t | - | - | $(ratio $m $t) | - | - |")
 fi
+if want long; then
+  # Longer sequences, where attention is a larger share of the step: 6 x 384, 6 heads, seq 512,
+  # micro-batch 2 (the same 1024 tokens per step as above), 1 process x 1 thread, fp32. mfsdp's
+  # attention recomputes its probabilities from a log-sum-exp here (model/cpu_attention.cpp).
+  long_args="layers=6 d_model=384 heads=6 vocab=264 max_seq=512"
+  for arch in gpt llama; do
+    .venv/bin/python scripts/export_model.py --arch $arch --layers 6 --d-model 384 --heads 6 --vocab 264 --max-seq 512 \
+      --out "$W/${arch}_long.pt" > /dev/null
+    m=$(run_mfsdp ${arch}_long 1 training.global_batch_size=2 training.micro_batch_size=2 training.seq_length=512 \
+        model.path=$W/${arch}_long.pt distributed.zero_dp_strategy=no_shard)
+    MICRO=2 SEQ=512 row "$arch 6 x 384 (6 heads), seq 512, micro-batch 2, 1 process x 1 thread, fp32" "$m" \
+      --threads 1 --procs 1 --arch $arch --model-args "$long_args"
+  done
+fi
 {
   echo "# One training step: mfsdp vs PyTorch 2.11 eager and torch.compile (torch wheel in .venv), same machine, same run"
   echo
   echo "GPT and Llama, 4 layers x 256, 4 heads, vocab 264, seq 128, micro-batch 8 per process, AdamW, grad clipping 1.0,"
-  echo "KJV byte-level data. Median of steps 6..$STEPS. torch.compile: the model (forward and backward through Inductor),"
+  echo "(the \"seq 512\" rows: 6 x 384, 6 heads, seq 512, micro-batch 2), KJV byte-level data. Median of steps 6..$STEPS. torch.compile: the model (forward and backward through Inductor),"
   echo "the optimizer eager; compilation falls in the first steps, outside the median. PyTorch bf16 = autocast (FSDP2:"
   echo "bf16 parameters, fp32 reduction); mfsdp bf16 = bf16 compute with fp32 main weights and fp32 gradient reduction."
   echo "mfsdp's binary links jemalloc as its malloc and, on a CPU with AVX-512 not made by Intel, makes MKL pick its kernels by instruction set;"

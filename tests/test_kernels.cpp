@@ -346,7 +346,9 @@ TEST_CASE("Attention: mfsdp's kernel against ATen's in double, causal and not, f
       {1, 2, 128, 128, 64, 64, true, std::nullopt}, // the bench's head shape
       {2, 2, 64, 64, 32, 32, false, 0.3},           // full attention, a given scale
       {2, 2, 5, 70, 8, 12, false, std::nullopt},    // cross attention: Tq != Tk, Dv != D
-      {1, 1, 256, 256, 8, 8, true, std::nullopt},   // the largest taken
+      {1, 1, 256, 256, 8, 8, true, std::nullopt},   // the longest with the probabilities kept
+      {1, 2, 257, 257, 16, 16, true, std::nullopt}, // beyond: the log-sum-exp kernels, a 1-row last block
+      {2, 1, 640, 640, 64, 64, true, 0.2},          // ten 64-row blocks, a given scale
   };
   for (const AttnCase& c : cases) {
     INFO("B " << c.b << " H " << c.h << " Tq " << c.tq << " Tk " << c.tk << " D " << c.d << " Dv " << c.dv
@@ -398,18 +400,71 @@ TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays Na
   CHECK(on[0][1][7].isnan().all().item<bool>());
   CHECK(!on[0][1][6].isnan().any().item<bool>());
   CHECK(!on[1].isnan().any().item<bool>());
-  // Not taken, so exactly ATen's: bf16, more keys than kCpuAttentionMaxKeys, causal with Tq != Tk,
-  // and k/v with fewer heads than q.
+  // Not taken, so exactly ATen's: bf16, more keys than kCpuAttentionMaxKeys without a causal mask,
+  // causal with Tq != Tk, and k/v with fewer heads than q.
   auto aten = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool causal) {
     return at::scaled_dot_product_attention(a, b, c, std::nullopt, 0.0, causal);
   };
   at::Tensor qh = q.to(at::kBFloat16), kh = k.to(at::kBFloat16), vh = v.to(at::kBFloat16);
   CHECK(at::equal(sdpa(qh, kh, vh, std::nullopt, true, std::nullopt), aten(qh, kh, vh, true)));
   at::Tensor ql = heads(1, 2, 300, 8), kl = heads(1, 2, 300, 8), vl = heads(1, 2, 300, 8);
-  CHECK(at::equal(sdpa(ql, kl, vl, std::nullopt, true, std::nullopt), aten(ql, kl, vl, true)));
+  CHECK(at::equal(sdpa(ql, kl, vl, std::nullopt, false, std::nullopt), aten(ql, kl, vl, false)));  // not causal
   at::Tensor qs = heads(2, 4, 10, 16);
   CHECK(at::equal(sdpa(qs, k, v, std::nullopt, true, std::nullopt), aten(qs, k, v, true)));
   CHECK_THROWS(sdpa(q, k.slice(1, 0, 2), v.slice(1, 0, 2), std::nullopt, true, std::nullopt));  // ATen's error, as before
+}
+
+TEST_CASE("Attention: the log-sum-exp kernels against double at lengths either side of kCpuAttentionMaxKeys") {
+  // Called directly, so that lengths the probabilities-kept kernel would take (sdpa's choice) test
+  // this one too: one row, a block and a row, a block less a row, several blocks; causal and not.
+  at::manual_seed(25);
+  for (int64_t t : {1, 37, 63, 65, 130, 300}) {
+    for (bool causal : {true, false}) {
+      INFO("T " << t << " causal " << causal);
+      at::Tensor q = heads(2, 2, t, 16) * 2, k = heads(2, 2, t, 16) * 2, v = heads(2, 2, t, 24);
+      at::Tensor g = at::randn({2, 2, t, 24});
+      const double scale = 0.25;
+      at::Tensor lse;
+      at::Tensor o = cpu_attention_forward_lse(q, k, v, causal, scale, &lse);
+      auto [dq, dk, dv] = cpu_attention_backward_lse(g, q, k, v, o, lse, causal, scale);
+      const auto want = attn_run(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), g.to(at::kDouble), causal,
+                                 scale, false);
+      at::Tensor logits = at::matmul(q.to(at::kDouble), k.to(at::kDouble).transpose(-1, -2)) * scale;
+      if (causal) logits.masked_fill_(at::ones({t, t}, at::kBool).triu(1), -INFINITY);
+      CHECK(scaled(lse, logits.logsumexp(-1)) < 1e-6);
+      const std::vector<at::Tensor> got = {o, dq, dk, dv};
+      for (size_t i = 0; i < got.size(); ++i) {
+        INFO("output " << i << " (out, dq, dk, dv)");
+        // Over at least 1: with one key dq and dk are exactly 0 (as in the test above).
+        const at::Tensor w = want[i].to(at::kDouble);
+        const double err =
+            (got[i].to(at::kDouble) - w).abs().max().item<double>() / std::max(w.abs().max().item<double>(), 1.0);
+        CHECK(err < 1e-5);
+        CHECK(got[i].transpose(1, 2).is_contiguous());
+      }
+    }
+  }
+  // Threads and no-grad give the bits of one thread with a gradient; a NaN query row stays NaN.
+  at::Tensor q = heads(2, 3, 300, 16), k = heads(2, 3, 300, 16), v = heads(2, 3, 300, 16), g = at::randn({2, 3, 300, 16});
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = attn_run(q, k, v, g, true, std::nullopt, true);
+  at::set_num_threads(2);
+  const auto two = attn_run(q, k, v, g, true, std::nullopt, true);
+  at::set_num_threads(before);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
+  {
+    const at::NoGradGuard no_grad;
+    CHECK(at::equal(sdpa(q, k, v, std::nullopt, true, std::nullopt), one[0]));
+  }
+  at::Tensor qn = q.clone();
+  qn.index_put_({1, 2, 280, 5}, NAN);
+  const auto nan = attn_run(qn, k, v, g, true, std::nullopt, true);
+  CHECK(nan[0][1][2][280].isnan().all().item<bool>());
+  CHECK(!nan[0][1][2][279].isnan().any().item<bool>());
+  CHECK(!nan[0][0].isnan().any().item<bool>());
+  CHECK(nan[1][1][2][280].isnan().all().item<bool>());  // its dq row too
+  CHECK(!nan[1][0].isnan().any().item<bool>());         // other pairs' gradients are untouched
 }
 
 TEST_CASE("Attention: the graph rewrite takes SDPA without mask or dropout, and gradients flow through it") {
@@ -475,6 +530,16 @@ TEST_CASE("Attention: an explicit causal mask (as Hugging Face models pass) take
     auto got = run(mask, true, &node);
     CHECK(node.find("Sdpa") == std::string::npos);
     CHECK(at::equal(got.first, run(mask, false, nullptr).first));
+  }
+  // Beyond kCpuAttentionMaxKeys an explicit causal mask takes the log-sum-exp kernel.
+  {
+    const int64_t L = 300;
+    at::Tensor ql = heads(1, 2, L, 16), kl = heads(1, 2, L, 16), vl = heads(1, 2, L, 16);
+    at::Tensor long_tril = at::ones({L, L}, at::kBool).tril();
+    at::Tensor qq = ql.detach().requires_grad_(true);
+    at::Tensor o = sdpa(qq, kl, vl, long_tril, false, std::nullopt);
+    CHECK(std::string(o.grad_fn()->name()).find("Sdpa") != std::string::npos);
+    CHECK(scaled(o, at::scaled_dot_product_attention(ql, kl, vl, std::nullopt, 0.0, true)) < 1e-5);
   }
   // A mask together with is_causal: ATen's call, whatever it makes of the pair.
   CHECK(at::equal(sdpa(q, k, v, tril, true, std::nullopt),

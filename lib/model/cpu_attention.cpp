@@ -78,8 +78,10 @@ bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Ten
   const int64_t tk = k.size(2);
   return k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1) &&
          v.size(2) == tk && k.size(3) == q.size(3) && q.size(3) >= 1 && v.size(3) >= 1 && q.size(2) >= 1 && tk >= 1 &&
-         tk <= kCpuAttentionMaxKeys && (!causal || q.size(2) == tk);
+         (!causal || q.size(2) == tk) && (tk <= kCpuAttentionMaxKeys || causal);
 }
+
+bool cpu_attention_keeps_probs(int64_t keys) { return keys <= kCpuAttentionMaxKeys; }
 
 bool is_causal_mask(const at::Tensor& mask, int64_t T) {
   if (!mask.device().is_cpu() || mask.layout() != at::kStrided || mask.dim() < 2 || mask.size(-1) != T ||
@@ -174,6 +176,95 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
         const int64_t c1 = std::min(Tk, c0 + kRows), from = causal ? c0 : 0;
         gemm(true, false, c1 - c0, D, Tq - from, s, dS.data() + from * Tk + c0, Tk, Q + from * lq, lq, 0.0f,
              dK + c0 * ldk, ldk);
+      }
+    }
+  });
+  return {dq, dk, dv};
+}
+
+// ---- causal attention over longer sequences: the probabilities recomputed in backward ----------
+//
+// Beyond kCpuAttentionMaxKeys the kept probabilities would outgrow the cache and q, k, v together,
+// so this keeps one log-sum-exp per query row instead (as flash attention does) and recomputes a
+// block's probabilities from it in backward: one product more than the kept-probabilities kernel,
+// against ATen's flash attention, which at these lengths computes every key block of 512 up to the
+// diagonal's (all of them at 512 tokens) and masks inside it. Here a block of kLongRows query rows
+// takes exactly the keys up to its last row: a causal step does little more than half the
+// products' work (the masked half of each block's diagonal 64 x 64 square is all it computes in vain). A whole row of logits is one block of the
+// scratch (kLongRows x Tk floats per thread), so the softmax needs no online rescaling.
+namespace {
+constexpr int64_t kLongRows = 64;
+}  // namespace
+
+at::Tensor cpu_attention_forward_lse(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal,
+                                     double scale, at::Tensor* lse) {
+  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0);
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
+  at::Tensor o = heads_view(q, B, H, Tq, Dv);
+  if (lse) *lse = at::empty({B, H, Tq}, q.options());
+  float* L = lse ? lse->mutable_data_ptr<float>() : nullptr;
+  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o);
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> S(static_cast<size_t>(std::min(Tq, kLongRows) * Tk));
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h);
+      float* O = rows_of(o, b, h);
+      for (int64_t r0 = 0; r0 < Tq; r0 += kLongRows) {
+        // The block's logits against its n keys, rows n apart (compact: the products stream them).
+        const int64_t r1 = std::min(Tq, r0 + kLongRows), n = causal ? r1 : Tk;
+        gemm(false, true, r1 - r0, n, D, float(scale), Q + r0 * lq, lq, K, lk, 0.0f, S.data(), n);
+        for (int64_t r = r0; r < r1; ++r) {
+          const float l = softmax_row(S.data() + (r - r0) * n, causal ? r + 1 : n, n);
+          if (L) L[bh * Tq + r] = l;
+        }
+        gemm(false, false, r1 - r0, Dv, n, 1.0f, S.data(), n, V, lv, 0.0f, O + r0 * lo, lo);
+      }
+    }
+  });
+  return o;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const at::Tensor& g0, const at::Tensor& q0,
+                                                                          const at::Tensor& k0, const at::Tensor& v0,
+                                                                          const at::Tensor& o0, const at::Tensor& lse,
+                                                                          bool causal, double scale) {
+  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0), o = readable(o0), g = readable(g0);
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
+  at::Tensor dq = heads_view(q, B, H, Tq, D), dk = heads_view(k, B, H, Tk, D), dv = heads_view(v, B, H, Tk, Dv);
+  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o), lg = row_stride(g);
+  const int64_t ldq = row_stride(dq), ldk = row_stride(dk), ldv = row_stride(dv);
+  const float s = float(scale);
+  const at::Tensor lse_c = lse.contiguous();
+  const int64_t blocks = (Tq + kLongRows - 1) / kLongRows;
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    const size_t block_elems = static_cast<size_t>(std::min(Tq, kLongRows) * Tk);
+    std::vector<float> P(block_elems), dS(block_elems);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h), *O = rows_of(o, b, h),
+                  *G = rows_of(g, b, h);
+      float *dQ = rows_of(dq, b, h), *dK = rows_of(dk, b, h), *dV = rows_of(dv, b, h);
+      const float* L = lse_c.const_data_ptr<float>() + bh * Tq;
+      // Query blocks from the last: it reaches every key (causal: Tq = Tk), so its products write
+      // dK and dV whole (beta 0, over the uninitialised outputs) and every earlier block adds to
+      // the keys it reaches (beta 1).
+      for (int64_t bi = blocks - 1; bi >= 0; --bi) {
+        const int64_t r0 = bi * kLongRows, r1 = std::min(Tq, r0 + kLongRows), rows = r1 - r0;
+        const int64_t n = causal ? r1 : Tk;
+        const float beta = bi == blocks - 1 ? 0.0f : 1.0f;
+        // P again: the forward's logits, then exp(logit - lse) row by row.
+        gemm(false, true, rows, n, D, s, Q + r0 * lq, lq, K, lk, 0.0f, P.data(), n);
+        for (int64_t r = r0; r < r1; ++r) softmax_from_lse_row(P.data() + (r - r0) * n, L[r], causal ? r + 1 : n, n);
+        // dV[0:n] += P^T dO; dP = dO V^T; dS = P (dP - sum(dO o)) row by row.
+        gemm(true, false, n, Dv, rows, 1.0f, P.data(), n, G + r0 * lg, lg, beta, dV, ldv);
+        gemm(false, true, rows, n, Dv, 1.0f, G + r0 * lg, lg, V, lv, 0.0f, dS.data(), n);
+        for (int64_t r = r0; r < r1; ++r)
+          softmax_backward_row(P.data() + (r - r0) * n, dS.data() + (r - r0) * n, dot_row(G + r * lg, O + r * lo, Dv),
+                               causal ? r + 1 : n, n);
+        // dQ = scale dS K; dK[0:n] += scale dS^T Q.
+        gemm(false, false, rows, D, n, s, dS.data(), n, K, lk, 0.0f, dQ + r0 * ldq, ldq);
+        gemm(true, false, n, D, rows, s, dS.data(), n, Q + r0 * lq, lq, beta, dK, ldk);
       }
     }
   });

@@ -1,6 +1,7 @@
-// Scaled dot-product attention on the CPU in fp32 for short sequences, forward and backward, with the
-// attention probabilities kept for the backward (DESIGN.md section 7, "Attention on the CPU"):
-// mfsdp::sdpa's kernel (model/fast_ops.cpp), in place of ATen's flash attention.
+// Scaled dot-product attention on the CPU in fp32, forward and backward (DESIGN.md section 7,
+// "Attention on the CPU"): for short sequences with the attention probabilities kept for the
+// backward, for long causal ones with a log-sum-exp per row and the probabilities recomputed.
+// mfsdp::sdpa's kernels (model/fast_ops.cpp), in place of ATen's flash attention.
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -8,15 +9,22 @@
 
 namespace mfsdp {
 
-// Keys per head up to which the kernel runs (and keeps B x H x Tq x Tk probabilities per call for
-// the backward: for head dim 64 at most the size of q, k, v and the output together). Beyond it
-// ATen's flash attention is faster and holds only a log-sum-exp per row (bench/results_kernels.md).
+// Keys per head up to which the kernel keeps the B x H x Tq x Tk probabilities of a call for the
+// backward (for head dim 64 at most the size of q, k, v and the output together). Beyond it ATen's
+// flash attention was faster than keeping them (bench/results_kernels.md), and a causal call runs
+// the kernel that keeps one log-sum-exp per query row and recomputes the probabilities in backward
+// (cpu_attention_forward_lse); a call that is not causal goes to ATen's flash attention.
 constexpr int64_t kCpuAttentionMaxKeys = 256;
 
-// Whether the kernel takes these inputs: fp32 CPU tensors [B, H, Tq, D], [B, H, Tk, D], [B, H, Tk, Dv]
-// (any strides; the last dimension is made contiguous when it is not), Tq >= 1, 1 <= Tk <= kCpuAttentionMaxKeys,
-// Tq == Tk when causal, and a BLAS sgemm_ in the process (LibTorch's MKL or OpenBLAS exports one).
+// Whether the kernels take these inputs: fp32 CPU tensors [B, H, Tq, D], [B, H, Tk, D], [B, H, Tk, Dv]
+// (any strides; the last dimension is made contiguous when it is not), Tq >= 1, Tk >= 1, Tq == Tk
+// when causal, Tk <= kCpuAttentionMaxKeys when not, and a BLAS sgemm_ in the process (LibTorch's
+// MKL or OpenBLAS exports one).
 bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
+
+// Which of the two a taken call runs: probabilities kept (cpu_attention_forward with probs, then
+// cpu_attention_backward) up to kCpuAttentionMaxKeys keys, the log-sum-exp kernels beyond.
+bool cpu_attention_keeps_probs(int64_t keys);
 
 // Whether `mask`, an attn_mask for Tq = Tk = T rows and keys (any leading dimensions), is exactly the
 // causal mask: bool with true on and below the diagonal only, or additive with 0 there and -inf
@@ -36,5 +44,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
                                                                       const at::Tensor& k, const at::Tensor& v,
                                                                       const at::Tensor& out, const at::Tensor& probs,
                                                                       bool causal, double scale);
+
+// The same attention for long causal sequences: o as above, and when `lse` is given the log-sum-exp
+// of each query row's scaled logits [B, H, Tq] (NaN for a NaN row), all the backward keeps.
+at::Tensor cpu_attention_forward_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                                     double scale, at::Tensor* lse);
+
+// dq, dk, dv of cpu_attention_forward_lse, its probabilities recomputed block by block from lse.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const at::Tensor& grad_out,
+                                                                          const at::Tensor& q, const at::Tensor& k,
+                                                                          const at::Tensor& v, const at::Tensor& out,
+                                                                          const at::Tensor& lse, bool causal,
+                                                                          double scale);
 
 }  // namespace mfsdp

@@ -397,7 +397,7 @@ MFSDP_CLONES void rms_scale_backward(const float* g, const float* x, const float
 // Attention's softmax, one row of logits in place: s[0:n] = exp(s - max) / sum, s[n:len] = 0 (the
 // keys a causal row does not see). The max first keeps every exp <= 1; a NaN or an infinite
 // logit makes the row NaN, as ATen's softmax does (vexp would clamp it to a finite value).
-MFSDP_CLONES void softmax_row(float* s, int64_t n, int64_t len) {
+MFSDP_CLONES float softmax_row(float* s, int64_t n, int64_t len) {
   vf vm = splat(-INFINITY);
   vi bad = vi{};
   int64_t i = 0;
@@ -413,6 +413,7 @@ MFSDP_CLONES void softmax_row(float* s, int64_t n, int64_t len) {
     m = s[j] > m ? s[j] : m;
     nan |= s[j] != s[j];
   }
+  float lse = NAN;
   if (nan || !std::isfinite(m)) {
     for (int64_t j = 0; j < n; ++j) s[j] = NAN;
   } else {
@@ -431,9 +432,33 @@ MFSDP_CLONES void softmax_row(float* s, int64_t n, int64_t len) {
       std::memcpy(s + i, e, size_t(n - i) * sizeof(float));
       for (int64_t j = 0; j < n - i; ++j) acc[j] += e[j];
     }
-    const vf inv = splat(1.0f / hsum(acc));
+    const float sum = hsum(acc);
+    const vf inv = splat(1.0f / sum);
     for (i = 0; i + kLanes <= n; i += kLanes) store(s + i, load(s + i) * inv);
     for (; i < n; ++i) s[i] *= inv[0];
+    lse = m + std::log(sum);
+  }
+  if (len > n) std::memset(s + n, 0, size_t(len - n) * sizeof(float));
+  return lse;
+}
+
+// The probabilities again from the logits and their row's log-sum-exp: s[0:n] = exp(s - lse),
+// s[n:len] = 0. A NaN lse (the forward's row was NaN) gives a NaN row: vexp's clamp would turn
+// NaN into a finite number, so it is caught here.
+MFSDP_CLONES void softmax_from_lse_row(float* s, float lse, int64_t n, int64_t len) {
+  if (lse != lse) {
+    for (int64_t j = 0; j < n; ++j) s[j] = NAN;
+  } else {
+    const vf vl = splat(lse);
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) store(s + i, vexp(load(s + i) - vl));
+    if (i < n) {
+      float t[kLanes] = {};
+      std::memcpy(t, s + i, size_t(n - i) * sizeof(float));
+      float e[kLanes];
+      store(e, vexp(load(t) - vl));
+      std::memcpy(s + i, e, size_t(n - i) * sizeof(float));
+    }
   }
   if (len > n) std::memset(s + n, 0, size_t(len - n) * sizeof(float));
 }

@@ -33,8 +33,11 @@ void rotary_forward_bf16(const uint16_t* x, int64_t xs, const uint16_t* c, int64
 void rotary_backward_bf16(const uint16_t* g, int64_t gs, const uint16_t* c, int64_t cs, const uint16_t* s, int64_t ss,
                           uint16_t* dx, int64_t dxs, int64_t rows, int64_t h);
 // Attention's row passes (mfsdp::sdpa, model/cpu_attention.cpp): softmax of s[0:n] in place with
-// s[n:len] zeroed; its backward g = p (g - d) on [0, n) with g[n:len] zeroed; sum of a[i] b[i].
-void softmax_row(float* s, int64_t n, int64_t len);
+// s[n:len] zeroed, returning the row's log-sum-exp (NaN for a row with a NaN or an infinite
+// maximum, which becomes all NaN); the probabilities again from logits and that log-sum-exp,
+// exp(s - lse); the softmax's backward g = p (g - d) on [0, n) with g[n:len] zeroed; sum of a[i] b[i].
+float softmax_row(float* s, int64_t n, int64_t len);
+void softmax_from_lse_row(float* s, float lse, int64_t n, int64_t len);
 void softmax_backward_row(const float* p, float* g, float d, int64_t n, int64_t len);
 float dot_row(const float* a, const float* b, int64_t n);
 }  // namespace mfsdp

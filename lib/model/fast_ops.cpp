@@ -522,40 +522,55 @@ bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   return takes;
 }
 
+// Up to kCpuAttentionMaxKeys keys the probabilities are kept for the backward; beyond (causal only)
+// one log-sum-exp per query row, and the backward recomputes them.
 struct Sdpa : public torch::autograd::Function<Sdpa> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             bool causal, double scale) {
-    at::Tensor probs;
-    at::Tensor o = cpu_attention_forward(q, k, v, causal, scale, &probs);
-    ctx->save_for_backward({q, k, v, o, probs});
+    const bool keep = cpu_attention_keeps_probs(k.size(2));
+    at::Tensor kept;  // the probabilities, or the log-sum-exp of each row
+    at::Tensor o = keep ? cpu_attention_forward(q, k, v, causal, scale, &kept)
+                        : cpu_attention_forward_lse(q, k, v, causal, scale, &kept);
+    ctx->save_for_backward({q, k, v, o, kept});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["keep"] = keep;
     return o;
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     const auto saved = ctx->get_saved_variables();
-    auto [dq, dk, dv] = cpu_attention_backward(g[0].to(at::kFloat), saved[0], saved[1], saved[2], saved[3], saved[4],
-                                               ctx->saved_data["causal"].toBool(),
-                                               ctx->saved_data["scale"].toDouble());
+    const bool causal = ctx->saved_data["causal"].toBool();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const at::Tensor go = g[0].to(at::kFloat);
+    auto [dq, dk, dv] =
+        ctx->saved_data["keep"].toBool()
+            ? cpu_attention_backward(go, saved[0], saved[1], saved[2], saved[3], saved[4], causal, scale)
+            : cpu_attention_backward_lse(go, saved[0], saved[1], saved[2], saved[3], saved[4], causal, scale);
     return {dq, dk, dv, at::Tensor(), at::Tensor()};
   }
 };
 
-// mfsdp's kernel where it takes the inputs (fp32 on the CPU, short sequences), keeping the
-// probabilities only when a gradient will be asked for; ATen's attention elsewhere.
+// Without a gradient to come: nothing is kept.
+at::Tensor sdpa_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale) {
+  return cpu_attention_keeps_probs(k.size(2)) ? cpu_attention_forward(q, k, v, causal, scale, nullptr)
+                                              : cpu_attention_forward_lse(q, k, v, causal, scale, nullptr);
+}
+
+// mfsdp's kernels where they take the inputs (fp32 on the CPU; not causal: short sequences), keeping
+// the probabilities or log-sum-exps only when a gradient will be asked for; ATen's attention elsewhere.
 at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
                          bool is_causal, std::optional<double> scale) {
   bool causal = is_causal;
   if (!sdpa_takes(q, k, v, mask, causal)) return sdpa_aten(q, k, v, mask, is_causal, scale);
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!grad) return cpu_attention_forward(q, k, v, causal, sdpa_scale(q, scale), nullptr);
+  if (!grad) return sdpa_no_grad(q, k, v, causal, sdpa_scale(q, scale));
   return Sdpa::apply(q, k, v, causal, sdpa_scale(q, scale));
 }
 at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
                       bool is_causal, std::optional<double> scale) {
   bool causal = is_causal;
   if (!sdpa_takes(q, k, v, mask, causal)) return sdpa_aten(q, k, v, mask, is_causal, scale);
-  return cpu_attention_forward(q, k, v, causal, sdpa_scale(q, scale), nullptr);
+  return sdpa_no_grad(q, k, v, causal, sdpa_scale(q, scale));
 }
 
 // aten::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale[, enable_gqa])
@@ -953,8 +968,8 @@ std::string describe_fast_attention() {
   return fmt::format("mfsdp's CPU attention: {} of {} calls ran its kernel ({} of them with an explicit causal "
                      "mask){}",
                      ours, ours + aten, masked,
-                     aten ? "; the others ATen's SDPA (bf16, more than 256 keys, k/v with fewer heads, or a mask "
-                            "other than the causal one)"
+                     aten ? "; the others ATen's SDPA (bf16, more than 256 keys and not causal, k/v with fewer "
+                            "heads, or a mask other than the causal one)"
                           : "");
 }
 
