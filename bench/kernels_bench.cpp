@@ -1,8 +1,8 @@
 // mfsdp's CPU ops against the ATen ops they replace, forward + backward through autograd, on the
 // shapes of bench/train_step.sh's Llama and GPT (micro-batch 8 x 128 tokens, d 256, 4 heads of 64,
 // FFN 704 / 1024), and causal attention at 128 to 2048 tokens (the probabilities kept up to 256,
-// recomputed from a log-sum-exp beyond: model/cpu_attention.cpp). Writes one markdown row per op: ms
-// per call of each, their ratio.
+// recomputed from a log-sum-exp beyond: model/cpu_attention.cpp), and in bf16 at 128 and 512.
+// Writes one markdown row per op: ms per call of each, their ratio.
 //   build/bench/kernels_bench [ROUNDS] [THREADS]
 // Rounds alternate the two sides; each side's figure is its best round (this machine is shared: a
 // neighbour slows single rounds, never speeds them up).
@@ -90,6 +90,24 @@ int main(int argc, char** argv) {
     auto qkv = [&] { return at::randn({bs, t, 4, 64}).transpose(1, 2).detach().requires_grad_(true); };
     at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({bs, 4, t, 64});
     rows.push_back({"causal attention, [" + std::to_string(bs) + ", 4, " + std::to_string(t) + ", 64], fp32",
+                    [=] {
+                      at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.0, true);
+                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
+                    },
+                    [=] {
+                      at::Tensor o = mfsdp::sdpa(aq, ak, av, std::nullopt, true, std::nullopt);
+                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
+                    }});
+  }
+  // bf16 attention: ATen's bf16 flash attention against mfsdp::sdpa, which converts to fp32, runs
+  // its fp32 kernels and rounds the output (the conversions and their backward are in its time).
+  for (int64_t t : {128, 512}) {
+    const int64_t bs = 1024 / t;
+    auto qkv = [&] {
+      return at::randn({bs, t, 4, 64}).to(at::kBFloat16).transpose(1, 2).detach().requires_grad_(true);
+    };
+    at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({bs, 4, t, 64}).to(at::kBFloat16);
+    rows.push_back({"causal attention, [" + std::to_string(bs) + ", 4, " + std::to_string(t) + ", 64], bf16",
                     [=] {
                       at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.0, true);
                       torch::autograd::grad({o}, {aq, ak, av}, {ag});

@@ -400,18 +400,45 @@ TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays Na
   CHECK(on[0][1][7].isnan().all().item<bool>());
   CHECK(!on[0][1][6].isnan().any().item<bool>());
   CHECK(!on[1].isnan().any().item<bool>());
-  // Not taken, so exactly ATen's: bf16, more keys than kCpuAttentionMaxKeys without a causal mask,
+  // Not taken, so exactly ATen's: fp16, more keys than kCpuAttentionMaxKeys without a causal mask,
   // causal with Tq != Tk, and k/v with fewer heads than q.
   auto aten = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool causal) {
     return at::scaled_dot_product_attention(a, b, c, std::nullopt, 0.0, causal);
   };
-  at::Tensor qh = q.to(at::kBFloat16), kh = k.to(at::kBFloat16), vh = v.to(at::kBFloat16);
+  at::Tensor qh = q.to(at::kHalf), kh = k.to(at::kHalf), vh = v.to(at::kHalf);
   CHECK(at::equal(sdpa(qh, kh, vh, std::nullopt, true, std::nullopt), aten(qh, kh, vh, true)));
   at::Tensor ql = heads(1, 2, 300, 8), kl = heads(1, 2, 300, 8), vl = heads(1, 2, 300, 8);
   CHECK(at::equal(sdpa(ql, kl, vl, std::nullopt, false, std::nullopt), aten(ql, kl, vl, false)));  // not causal
   at::Tensor qs = heads(2, 4, 10, 16);
   CHECK(at::equal(sdpa(qs, k, v, std::nullopt, true, std::nullopt), aten(qs, k, v, true)));
   CHECK_THROWS(sdpa(q, k.slice(1, 0, 2), v.slice(1, 0, 2), std::nullopt, true, std::nullopt));  // ATen's error, as before
+}
+
+TEST_CASE("Attention: bf16 runs the fp32 kernels on the converted inputs, output and gradients rounded once") {
+  at::manual_seed(26);
+  for (int64_t t : {40, 300}) {  // probabilities kept; log-sum-exp
+    INFO("T " << t);
+    at::Tensor q = heads(2, 2, t, 16).to(at::kBFloat16), k = heads(2, 2, t, 16).to(at::kBFloat16),
+               v = heads(2, 2, t, 16).to(at::kBFloat16);
+    at::Tensor g = at::randn({2, 2, t, 16}).to(at::kBFloat16);
+    std::string node;
+    const auto got = attn_run(q, k, v, g, true, std::nullopt, true, &node);
+    const auto fp32 = attn_run(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), g.to(at::kFloat), true,
+                               std::nullopt, true);
+    const auto want = attn_run(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), g.to(at::kDouble), true,
+                               std::nullopt, false);
+    const auto flash = attn_run(q, k, v, g, true, std::nullopt, false);
+    CHECK(node.find("ToCopy") != std::string::npos);  // the output's rounding to bf16, over mfsdp's Sdpa
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("output " << i << " (out, dq, dk, dv)");
+      CHECK(got[i].scalar_type() == at::kBFloat16);
+      CHECK(at::equal(got[i], fp32[i].to(at::kBFloat16)));
+      // bf16's own rounding (2^-8 relative) bounds it, and it is no further from the exact value
+      // than ATen's bf16 flash attention.
+      CHECK(scaled(got[i], want[i]) < 1e-2);
+      CHECK(scaled(got[i], want[i]) <= scaled(flash[i], want[i]) * 1.05 + 1e-4);
+    }
+  }
 }
 
 TEST_CASE("Attention: the log-sum-exp kernels against double at lengths either side of kCpuAttentionMaxKeys") {

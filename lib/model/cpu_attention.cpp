@@ -72,8 +72,10 @@ at::Tensor heads_view(const at::Tensor& like, int64_t b, int64_t h, int64_t t, i
 
 bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
   if (sgemm_ == nullptr) return false;
+  const at::ScalarType dtype = q.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
   for (const at::Tensor* t : {&q, &k, &v})
-    if (!t->device().is_cpu() || t->scalar_type() != at::kFloat || t->layout() != at::kStrided || t->dim() != 4)
+    if (!t->device().is_cpu() || t->scalar_type() != dtype || t->layout() != at::kStrided || t->dim() != 4)
       return false;
   const int64_t tk = k.size(2);
   return k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1) &&

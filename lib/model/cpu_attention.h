@@ -16,8 +16,9 @@ namespace mfsdp {
 // (cpu_attention_forward_lse); a call that is not causal goes to ATen's flash attention.
 constexpr int64_t kCpuAttentionMaxKeys = 256;
 
-// Whether the kernels take these inputs: fp32 CPU tensors [B, H, Tq, D], [B, H, Tk, D], [B, H, Tk, Dv]
-// (any strides; the last dimension is made contiguous when it is not), Tq >= 1, Tk >= 1, Tq == Tk
+// Whether the kernels take these inputs: CPU tensors [B, H, Tq, D], [B, H, Tk, D], [B, H, Tk, Dv], all
+// fp32 or all bf16 (the kernels below are fp32's: mfsdp::sdpa converts bf16 inputs to fp32, which is
+// exact, and rounds the output to bf16 once, model/fast_ops.cpp) (any strides; the last dimension is made contiguous when it is not), Tq >= 1, Tk >= 1, Tq == Tk
 // when causal, Tk <= kCpuAttentionMaxKeys when not, and a BLAS sgemm_ in the process (LibTorch's
 // MKL or OpenBLAS exports one).
 bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);

@@ -556,21 +556,35 @@ at::Tensor sdpa_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tens
                                               : cpu_attention_forward_lse(q, k, v, causal, scale, nullptr);
 }
 
-// mfsdp's kernels where they take the inputs (fp32 on the CPU; not causal: short sequences), keeping
-// the probabilities or log-sum-exps only when a gradient will be asked for; ATen's attention elsewhere.
+// The fp32 kernels, keeping the probabilities or log-sum-exps only when a gradient will be asked for.
+at::Tensor sdpa_float(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale) {
+  const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!grad) return sdpa_no_grad(q, k, v, causal, scale);
+  return Sdpa::apply(q, k, v, causal, scale);
+}
+
+// mfsdp's kernels where they take the inputs (fp32 or bf16 on the CPU; not causal: short sequences),
+// ATen's attention elsewhere. bf16 inputs are converted to fp32 (exactly), the kernels compute in
+// fp32 and the output is rounded to bf16 once; autograd converts the gradients on the way back. Why:
+// ATen's CPU flash attention in bf16 was slower than in fp32 on this project's AMD EPYC
+// (bench/results_kernels.md). The probabilities stay fp32 (ATen's bf16 kernel rounds them to bf16
+// before their product with v), so the results are nearer the exact ones than ATen's bf16
+// (tests/test_kernels.cpp).
 at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
                          bool is_causal, std::optional<double> scale) {
   bool causal = is_causal;
   if (!sdpa_takes(q, k, v, mask, causal)) return sdpa_aten(q, k, v, mask, is_causal, scale);
-  const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!grad) return sdpa_no_grad(q, k, v, causal, sdpa_scale(q, scale));
-  return Sdpa::apply(q, k, v, causal, sdpa_scale(q, scale));
+  const double s = sdpa_scale(q, scale);
+  if (q.scalar_type() == at::kFloat) return sdpa_float(q, k, v, causal, s);
+  return sdpa_float(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s).to(q.scalar_type());
 }
 at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
                       bool is_causal, std::optional<double> scale) {
   bool causal = is_causal;
   if (!sdpa_takes(q, k, v, mask, causal)) return sdpa_aten(q, k, v, mask, is_causal, scale);
-  return sdpa_no_grad(q, k, v, causal, sdpa_scale(q, scale));
+  const double s = sdpa_scale(q, scale);
+  if (q.scalar_type() == at::kFloat) return sdpa_no_grad(q, k, v, causal, s);
+  return sdpa_no_grad(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s).to(q.scalar_type());
 }
 
 // aten::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale[, enable_gqa])
@@ -968,8 +982,8 @@ std::string describe_fast_attention() {
   return fmt::format("mfsdp's CPU attention: {} of {} calls ran its kernel ({} of them with an explicit causal "
                      "mask){}",
                      ours, ours + aten, masked,
-                     aten ? "; the others ATen's SDPA (bf16, more than 256 keys and not causal, k/v with fewer "
-                            "heads, or a mask other than the causal one)"
+                     aten ? "; the others ATen's SDPA (not fp32 nor bf16, more than 256 keys and not causal, k/v "
+                            "with fewer heads, or a mask other than the causal one)"
                           : "");
 }
 

@@ -185,9 +185,9 @@ std::string Model::use_fast_attention(bool& in_use) {
   const int n = mfsdp::use_fast_attention(module_);
   if (n == 0) return "";
   in_use = true;
-  return fmt::format("mfsdp's CPU attention: {} scaled_dot_product_attention call(s) (fp32; probabilities kept up "
-                     "to {} keys, recomputed from a log-sum-exp beyond when causal; ATen's flash attention for "
-                     "longer calls that are not)",
+  return fmt::format("mfsdp's CPU attention: {} scaled_dot_product_attention call(s) (fp32, and bf16 computed in "
+                     "fp32; probabilities kept up to {} keys, recomputed from a log-sum-exp beyond when causal; "
+                     "ATen's flash attention for longer calls that are not)",
                      n, kCpuAttentionMaxKeys);
 }
 
