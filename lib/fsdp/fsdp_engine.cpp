@@ -452,7 +452,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
     return fmt::format(
         "megatron_fsdp {} over {} ranks (dp_shard x cp{}): {} buckets ({} units{}{}), compute {}, main weights {}, "
         "gradients {}; this rank holds weights {}, main weights {}, gradients {}, optimizer state ~{} "
-        "({}); overlap: grad reduce {}, param gather {}{}{}",
+        "({}); overlap: grad reduce {}, param gather {}{}{}{}",
         to_string(d_.zero_dp_strategy), S_, replicate_.size() > 1 ? fmt::format(", x{} replicas", replicate_.size()) : "",
         buckets_.size(), unit_groups_.size(), d_.disable_bucketing ? ", one per parameter" : "",
         frozen_buckets ? fmt::format("; {} of frozen parameters, without gradients", frozen_buckets) : "", c10::toString(cd_),
@@ -462,6 +462,9 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
                            : fmt::format("{}: {} fp32 per local element", optim_name_, optim_states_),
         d_.overlap_grad_reduce ? "on" : "off",
         d_.overlap_param_gather ? "on" : "off", d_.fsdp_double_buffer ? ", double buffer" : "",
+        strategy_ != 3 || unit_groups_.empty() ? ""
+        : keep_last_ ? "; the forward's last unit stays gathered for its backward"
+                     : "; every unit freed after its forward (MFSDP_KEEP_LAST_UNIT=off)",
         checkpointed_calls_ ? fmt::format("; activation checkpointing: {} unit calls recomputed in backward", checkpointed_calls_)
                             : "") + init_note_ + sink_note_;
   }
@@ -537,6 +540,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
   // ---------------------------------------------------------------------------- unit hooks
   // Under strategy 3 a unit's weights are gathered for its forward and freed after it, then
   // gathered again from the backward of its post_forward until the backward of its pre_forward.
+  // The exception is the unit that runs last in a forward that backward follows: its backward is
+  // the first to run, right after the loss, so freeing it would only gather it again at once. It
+  // keeps its weights until its backward is done (FSDP2's reshard_after_forward=False for the last
+  // block, as torchtitan applies it): one all-gather fewer per micro-batch, at no extra peak (in
+  // backward the engine holds that unit and the prefetched one before it either way). Which unit
+  // is last is what the previous forward showed (the post_forward before the first pre_backward);
+  // before any, the highest index (units are numbered in forward order). A guess that is wrong
+  // only holds that unit's weights longer: its backward frees them.
   // With activation checkpointing the recomputed forward comes first in that window: it gathers
   // (or finds gathered, by the previous unit's prefetch), prefetches the unit before it (backward
   // order, not the next one, which is already done and freed), and does not free at its end, so
@@ -552,12 +563,17 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
     if (next >= 0 && next < int(unit_groups_.size()))
       for (int bi : unit_groups_[next]) start_gather(buckets_[bi]);
   }
-  void post_forward(int unit) override {
-    if (unit >= 0 && strategy_ == 3 && recomputing_ != unit)
-      for (int bi : unit_groups_[unit]) release(buckets_[bi]);
+  void post_forward(int unit, bool backward_follows) override {
+    if (unit < 0 || strategy_ != 3 || recomputing_ == unit) return;
+    if (backward_follows && keep_last_) {
+      forward_last_ = unit;
+      if (unit == keep_unit_) return;
+    }
+    for (int bi : unit_groups_[unit]) release(buckets_[bi]);
   }
   void pre_backward(int unit) override {
     if (unit < 0 || strategy_ != 3) return;
+    if (forward_last_ >= 0) keep_unit_ = forward_last_;
     for (int bi : unit_groups_[unit]) ensure_gathered(buckets_[bi]);
     if (d_.overlap_param_gather && unit > 0)
       for (int bi : unit_groups_[unit - 1]) start_gather(buckets_[bi]);
@@ -610,6 +626,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
     for (size_t i = 0; i < params.size(); ++i)
       if (params[i].unit < 0) rest.push_back(int(i));
     unit_groups_.assign(model_.units().size(), {});
+    keep_unit_ = int(model_.units().size()) - 1;
     if (d_.disable_bucketing) {
       // One collective per parameter; a unit still gathers and frees its parameters together.
       for (size_t i = 0; i < params.size(); ++i) add(params[i].name, params[i].unit, {int(i)});
@@ -982,6 +999,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
   bool norms_ready_ = false;  // finish_grad_sync took every bucket's norm (tp 1); start_step clears it
   int checkpointed_calls_ = 0;
   int recomputing_ = -1;          // the unit whose forward is being recomputed in backward, else -1
+  // Strategy 3: the unit kept gathered from its forward to its backward (set with the buckets);
+  // MFSDP_KEEP_LAST_UNIT=off frees every unit after its forward (for side-by-side measurement).
+  bool keep_last_ = [] {
+    const char* knob = std::getenv("MFSDP_KEEP_LAST_UNIT");
+    return !(knob && std::string(knob) == "off");
+  }();
+  int keep_unit_ = -1;
+  int forward_last_ = -1;  // the unit whose post_forward came last in the latest forward with a backward
   int64_t gathers_issued_ = 0;    // strategy 3 unit gathers since start (metrics: gathers per step)
   std::string init_note_;
   int64_t transient_ = 0, transient_peak_ = 0;  // gathered weights and gradients in flight, in bytes

@@ -36,14 +36,15 @@ struct PreForward : public torch::autograd::Function<PreForward> {
 };
 
 struct PostForward : public torch::autograd::Function<PostForward> {
-  static variable_list forward(AutogradContext* ctx, int64_t unit, at::TensorList outputs) {
+  // `follows` is decided by the caller: inside forward() grad mode is always off.
+  static variable_list forward(AutogradContext* ctx, int64_t unit, bool follows, at::TensorList outputs) {
     ctx->saved_data["unit"] = unit;
-    if (auto* h = g_hooks.load()) h->post_forward(int(unit));
+    if (auto* h = g_hooks.load()) h->post_forward(int(unit), follows);
     return pass_through(outputs);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (auto* h = g_hooks.load()) h->pre_backward(int(ctx->saved_data["unit"].toInt()));
-    variable_list out{at::Tensor()};
+    variable_list out{at::Tensor(), at::Tensor()};  // no gradient for the unit id nor the flag
     out.insert(out.end(), grads.begin(), grads.end());
     return out;
   }
@@ -53,7 +54,10 @@ std::vector<at::Tensor> pre_forward_autograd(int64_t unit, at::TensorList inputs
   return PreForward::apply(unit, inputs);
 }
 std::vector<at::Tensor> post_forward_autograd(int64_t unit, at::TensorList outputs) {
-  return PostForward::apply(unit, outputs);
+  bool follows = false;
+  if (at::GradMode::is_enabled())
+    for (const auto& t : outputs) follows = follows || (t.defined() && t.requires_grad());
+  return PostForward::apply(unit, follows, outputs);
 }
 // Below autograd (inference mode, or no tensor needs grad): the hooks, no graph.
 std::vector<at::Tensor> pre_forward_plain(int64_t unit, at::TensorList inputs) {
@@ -61,7 +65,7 @@ std::vector<at::Tensor> pre_forward_plain(int64_t unit, at::TensorList inputs) {
   return std::vector<at::Tensor>(inputs.begin(), inputs.end());
 }
 std::vector<at::Tensor> post_forward_plain(int64_t unit, at::TensorList outputs) {
-  if (auto* h = g_hooks.load()) h->post_forward(int(unit));
+  if (auto* h = g_hooks.load()) h->post_forward(int(unit), false);
   return std::vector<at::Tensor>(outputs.begin(), outputs.end());
 }
 

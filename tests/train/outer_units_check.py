@@ -6,8 +6,9 @@
 RUN_AUTO trains with the automatic units (L layers, the embedding table and the untied head),
 RUN_LAYERS the same model with the layers alone as units (the embedding and head then sit with the
 parameters outside units, gathered for the whole step). Checked from their metrics.jsonl:
-  - unit_gathers, every step: 2 x (L + 2) x K with the automatic units (each unit gathered for its
-    forward and again for its backward, every micro-batch), 2 x L x K with the layers alone;
+  - unit_gathers, every step: (2 x (L + 2) - 1) x K with the automatic units (each unit gathered
+    for its forward and again for its backward, every micro-batch, but the last of the forward, the
+    head, which stays gathered for its backward), (2 x L - 1) x K with the layers alone;
   - the highest mem_fsdp_peak (gathered weights and full-size gradients the engine held) of the
     automatic units is below that of the layers alone by at least B, the bytes of the head's weight
     (the layers-only run holds the embedding and head, weights and full gradients, for the whole
@@ -33,7 +34,7 @@ def main():
     a = ap.parse_args()
     auto, layers = metrics(a.auto), metrics(a.layers_only)
     ok = len(auto) == len(layers) > 0
-    want_auto, want_layers = 2 * (a.layers + 2) * a.micro_batches, 2 * a.layers * a.micro_batches
+    want_auto, want_layers = (2 * (a.layers + 2) - 1) * a.micro_batches, (2 * a.layers - 1) * a.micro_batches
     for x, y in zip(auto, layers):
         if x["unit_gathers"] != want_auto or y["unit_gathers"] != want_layers:
             print(f"step {x['step']}: unit gathers {x['unit_gathers']} (automatic units) and {y['unit_gathers']} "
