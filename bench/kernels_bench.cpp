@@ -82,32 +82,20 @@ int main(int argc, char** argv) {
   rows.push_back({"RMS scaling x rsqrt(mean(x^2) + eps), [8, 128, 256], fp32",
                   [=] { torch::autograd::grad({h * at::rsqrt(h.pow(2).mean({-1}, true) + 1e-6)}, {h}, {gh}); },
                   [=] { torch::autograd::grad({mfsdp::rms_scale(h, 1e-6)}, {h}, {gh}); }});
-  // Causal attention (fp32: the kernel's dtype) on q, k, v [B, 4, T, 64] as attention makes them,
-  // 1024 tokens per call up to 1024 per sequence (the bench's 8 x 128; 4 x 256, the longest with
-  // the probabilities kept; 512 and 1024 with them recomputed), then one sequence of 2048.
-  for (int64_t t : {128, 256, 512, 1024, 2048}) {
+  // Causal attention on q, k, v [B, 4, T, 64] as attention makes them (transposed views), 1024
+  // tokens per call up to 1024 per sequence (the bench's 8 x 128; 4 x 256, the longest with the
+  // probabilities kept; 512 and 1024 with them recomputed), then one sequence of 2048; in fp32, and
+  // in bf16 at 128 and 512 (mfsdp::sdpa converts to fp32, runs its fp32 kernels and rounds the
+  // output: the conversions and their backward are in its time).
+  const std::vector<std::pair<at::ScalarType, int64_t>> attention = {
+      {at::kFloat, 128}, {at::kFloat, 256}, {at::kFloat, 512}, {at::kFloat, 1024}, {at::kFloat, 2048},
+      {at::kBFloat16, 128}, {at::kBFloat16, 512}};
+  for (const auto& [dtype, t] : attention) {
     const int64_t bs = std::max<int64_t>(1, 1024 / t);
-    auto qkv = [&] { return at::randn({bs, t, 4, 64}).transpose(1, 2).detach().requires_grad_(true); };
-    at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({bs, 4, t, 64});
-    rows.push_back({"causal attention, [" + std::to_string(bs) + ", 4, " + std::to_string(t) + ", 64], fp32",
-                    [=] {
-                      at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.0, true);
-                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
-                    },
-                    [=] {
-                      at::Tensor o = mfsdp::sdpa(aq, ak, av, std::nullopt, true, std::nullopt);
-                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
-                    }});
-  }
-  // bf16 attention: ATen's bf16 flash attention against mfsdp::sdpa, which converts to fp32, runs
-  // its fp32 kernels and rounds the output (the conversions and their backward are in its time).
-  for (int64_t t : {128, 512}) {
-    const int64_t bs = 1024 / t;
-    auto qkv = [&] {
-      return at::randn({bs, t, 4, 64}).to(at::kBFloat16).transpose(1, 2).detach().requires_grad_(true);
-    };
-    at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({bs, 4, t, 64}).to(at::kBFloat16);
-    rows.push_back({"causal attention, [" + std::to_string(bs) + ", 4, " + std::to_string(t) + ", 64], bf16",
+    auto qkv = [&] { return at::randn({bs, t, 4, 64}).to(dtype).transpose(1, 2).detach().requires_grad_(true); };
+    at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({bs, 4, t, 64}).to(dtype);
+    rows.push_back({"causal attention, [" + std::to_string(bs) + ", 4, " + std::to_string(t) + ", 64], " +
+                        (dtype == at::kFloat ? "fp32" : "bf16"),
                     [=] {
                       at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.0, true);
                       torch::autograd::grad({o}, {aq, ak, av}, {ag});

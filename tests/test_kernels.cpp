@@ -336,6 +336,20 @@ std::vector<at::Tensor> attn_run(const at::Tensor& q0, const at::Tensor& k0, con
   auto gr = torch::autograd::grad({o}, {q, k, v}, {g});
   return {o.detach(), gr[0], gr[1], gr[2]};
 }
+
+// Causal sdpa through mfsdp's kernels gives the same bits on 1 and 2 threads (output and gradients),
+// and without grad (output).
+void check_threads_and_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = attn_run(q, k, v, g, true, std::nullopt, true);
+  at::set_num_threads(2);
+  const auto two = attn_run(q, k, v, g, true, std::nullopt, true);
+  at::set_num_threads(before);
+  for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
+  const at::NoGradGuard no_grad;
+  CHECK(at::equal(sdpa(q, k, v, std::nullopt, true, std::nullopt), one[0]));
+}
 }  // namespace
 
 TEST_CASE("Attention: mfsdp's kernel against ATen's in double, causal and not, forward and backward") {
@@ -382,17 +396,7 @@ TEST_CASE("Attention: mfsdp's kernel against ATen's in double, causal and not, f
 TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays NaN; what it does not take is ATen's") {
   at::manual_seed(22);
   at::Tensor q = heads(2, 4, 50, 16), k = heads(2, 4, 50, 16), v = heads(2, 4, 50, 16), g = at::randn({2, 4, 50, 16});
-  const int before = at::get_num_threads();
-  at::set_num_threads(1);
-  const auto one = attn_run(q, k, v, g, true, std::nullopt, true);
-  at::set_num_threads(2);
-  const auto two = attn_run(q, k, v, g, true, std::nullopt, true);
-  at::set_num_threads(before);
-  for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
-  {
-    const at::NoGradGuard no_grad;
-    CHECK(at::equal(sdpa(q, k, v, std::nullopt, true, std::nullopt), one[0]));
-  }
+  check_threads_and_no_grad(q, k, v, g);
   // A NaN in one query row: that row's output is NaN (as ATen's), the others are not.
   at::Tensor qn = q.clone();
   qn.index_put_({0, 1, 7, 3}, NAN);
@@ -473,17 +477,7 @@ TEST_CASE("Attention: the log-sum-exp kernels against double at lengths either s
   }
   // Threads and no-grad give the bits of one thread with a gradient; a NaN query row stays NaN.
   at::Tensor q = heads(2, 3, 300, 16), k = heads(2, 3, 300, 16), v = heads(2, 3, 300, 16), g = at::randn({2, 3, 300, 16});
-  const int before = at::get_num_threads();
-  at::set_num_threads(1);
-  const auto one = attn_run(q, k, v, g, true, std::nullopt, true);
-  at::set_num_threads(2);
-  const auto two = attn_run(q, k, v, g, true, std::nullopt, true);
-  at::set_num_threads(before);
-  for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
-  {
-    const at::NoGradGuard no_grad;
-    CHECK(at::equal(sdpa(q, k, v, std::nullopt, true, std::nullopt), one[0]));
-  }
+  check_threads_and_no_grad(q, k, v, g);
   at::Tensor qn = q.clone();
   qn.index_put_({1, 2, 280, 5}, NAN);
   const auto nan = attn_run(qn, k, v, g, true, std::nullopt, true);

@@ -68,6 +68,62 @@ at::Tensor heads_view(const at::Tensor& like, int64_t b, int64_t h, int64_t t, i
   return at::empty({b, t, h, d}, like.options()).transpose(1, 2);
 }
 
+// Where a block's logits go: its first row, and the distance between rows (in floats).
+struct BlockRows {
+  float* s;
+  int64_t ld;
+};
+
+// The forward over every (batch, head) pair, by blocks of `rows` query rows: a block's scaled logits
+// against the keys it reaches (causal: up to its last row) go where place(pair, first row, keys,
+// this thread's scratch of `scratch_elems` floats) says, become probabilities in place (zero beyond
+// a row's keys, to the row's end), and multiply v into o. L, when given, receives each row's
+// log-sum-exp [B, H, Tq]. The two kernels differ only in where the logits live.
+template <typename Place>
+at::Tensor forward_blocks(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal, double scale,
+                          int64_t rows, size_t scratch_elems, float* L, Place place) {
+  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0);
+  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
+  at::Tensor o = heads_view(q, B, H, Tq, Dv);
+  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o);
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(scratch_elems);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h);
+      float* O = rows_of(o, b, h);
+      for (int64_t r0 = 0; r0 < Tq; r0 += rows) {
+        const int64_t r1 = std::min(Tq, r0 + rows), n = causal ? r1 : Tk;
+        const BlockRows S = place(bh, r0, n, scratch.data());
+        gemm(false, true, r1 - r0, n, D, float(scale), Q + r0 * lq, lq, K, lk, 0.0f, S.s, S.ld);
+        for (int64_t r = r0; r < r1; ++r) {
+          const float l = softmax_row(S.s + (r - r0) * S.ld, causal ? r + 1 : n, S.ld);
+          if (L) L[bh * Tq + r] = l;
+        }
+        gemm(false, false, r1 - r0, Dv, n, 1.0f, S.s, S.ld, V, lv, 0.0f, O + r0 * lo, lo);
+      }
+    }
+  });
+  return o;
+}
+
+// A backward's operands made readable, their sizes and row strides, and its gradients allocated as
+// flash attention returns them.
+struct BackwardOperands {
+  at::Tensor q, k, v, o, g, dq, dk, dv;
+  int64_t B, H, Tq, Tk, D, Dv, lq, lk, lv, lo, lg, ldq, ldk, ldv;
+  BackwardOperands(const at::Tensor& g0, const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0,
+                   const at::Tensor& o0)
+      : q(readable(q0)), k(readable(k0)), v(readable(v0)), o(readable(o0)), g(readable(g0)), B(q.size(0)),
+        H(q.size(1)), Tq(q.size(2)), Tk(k.size(2)), D(q.size(3)), Dv(v.size(3)) {
+    dq = heads_view(q, B, H, Tq, D);
+    dk = heads_view(k, B, H, Tk, D);
+    dv = heads_view(v, B, H, Tk, Dv);
+    lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o), lg = row_stride(g);
+    ldq = row_stride(dq), ldk = row_stride(dk), ldv = row_stride(dv);
+  }
+};
+
 }  // namespace
 
 bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
@@ -113,75 +169,58 @@ bool is_causal_mask(const at::Tensor& mask, int64_t T) {
   return true;
 }
 
-at::Tensor cpu_attention_forward(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal,
+at::Tensor cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                  double scale, at::Tensor* probs) {
-  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0);
-  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
-  at::Tensor o = heads_view(q, B, H, Tq, Dv);
-  if (probs) *probs = at::empty({B, H, Tq, Tk}, q.options());
-  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o);
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(probs ? 0 : size_t(Tq * Tk));
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h);
-      float* O = rows_of(o, b, h);
-      float* S = probs ? probs->mutable_data_ptr<float>() + bh * Tq * Tk : scratch.data();
-      for (int64_t r0 = 0; r0 < Tq; r0 += kRows) {
-        const int64_t r1 = std::min(Tq, r0 + kRows), n = causal ? r1 : Tk;
-        gemm(false, true, r1 - r0, n, D, float(scale), Q + r0 * lq, lq, K, lk, 0.0f, S + r0 * Tk, Tk);
-        for (int64_t r = r0; r < r1; ++r) softmax_row(S + r * Tk, causal ? r + 1 : Tk, Tk);
-        gemm(false, false, r1 - r0, Dv, n, 1.0f, S + r0 * Tk, Tk, V, lv, 0.0f, O + r0 * lo, lo);
-      }
-    }
-  });
-  return o;
+  const int64_t Tq = q.size(2), Tk = k.size(2);
+  if (probs) *probs = at::empty({q.size(0), q.size(1), Tq, Tk}, q.options());
+  float* P = probs ? probs->mutable_data_ptr<float>() : nullptr;
+  // Each pair's probabilities whole (kept, or a scratch of one pair without a backward), rows Tk apart.
+  return forward_blocks(q, k, v, causal, scale, kRows, P ? 0 : size_t(Tq * Tk), nullptr,
+                        [&](int64_t bh, int64_t r0, int64_t, float* scratch) {
+                          return BlockRows{(P ? P + bh * Tq * Tk : scratch) + r0 * Tk, Tk};
+                        });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::Tensor& g0, const at::Tensor& q0,
                                                                       const at::Tensor& k0, const at::Tensor& v0,
                                                                       const at::Tensor& o0, const at::Tensor& probs,
                                                                       bool causal, double scale) {
-  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0), o = readable(o0), g = readable(g0);
-  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
-  at::Tensor dq = heads_view(q, B, H, Tq, D), dk = heads_view(k, B, H, Tk, D), dv = heads_view(v, B, H, Tk, Dv);
-  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o), lg = row_stride(g);
-  const int64_t ldq = row_stride(dq), ldk = row_stride(dk), ldv = row_stride(dv);
+  BackwardOperands x(g0, q0, k0, v0, o0);
   const float s = float(scale);
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> dS(static_cast<size_t>(Tq * Tk)), rowdot(static_cast<size_t>(Tq));
+  at::parallel_for(0, x.B * x.H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> dS(static_cast<size_t>(x.Tq * x.Tk)), rowdot(static_cast<size_t>(x.Tq));
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h), *O = rows_of(o, b, h),
-                  *G = rows_of(g, b, h);
-      float *dQ = rows_of(dq, b, h), *dK = rows_of(dk, b, h), *dV = rows_of(dv, b, h);
-      const float* P = probs.const_data_ptr<float>() + bh * Tq * Tk;
+      const int64_t b = bh / x.H, h = bh % x.H;
+      const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, h), *V = rows_of(x.v, b, h), *O = rows_of(x.o, b, h),
+                  *G = rows_of(x.g, b, h);
+      float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, h), *dV = rows_of(x.dv, b, h);
+      const float* P = probs.const_data_ptr<float>() + bh * x.Tq * x.Tk;
       // The softmax's backward needs sum_j P dP over a row, which is sum(dO o) of that row.
-      for (int64_t r = 0; r < Tq; ++r) rowdot[size_t(r)] = dot_row(G + r * lg, O + r * lo, Dv);
+      for (int64_t r = 0; r < x.Tq; ++r) rowdot[size_t(r)] = dot_row(G + r * x.lg, O + r * x.lo, x.Dv);
       // dV = P^T dO, by blocks of keys; a causal block's rows start at its first key (P is 0 above).
-      for (int64_t c0 = 0; c0 < Tk; c0 += kRows) {
-        const int64_t c1 = std::min(Tk, c0 + kRows), from = causal ? c0 : 0;
-        gemm(true, false, c1 - c0, Dv, Tq - from, 1.0f, P + from * Tk + c0, Tk, G + from * lg, lg, 0.0f,
-             dV + c0 * ldv, ldv);
+      for (int64_t c0 = 0; c0 < x.Tk; c0 += kRows) {
+        const int64_t c1 = std::min(x.Tk, c0 + kRows), from = causal ? c0 : 0;
+        gemm(true, false, c1 - c0, x.Dv, x.Tq - from, 1.0f, P + from * x.Tk + c0, x.Tk, G + from * x.lg, x.lg, 0.0f,
+             dV + c0 * x.ldv, x.ldv);
       }
       // dP = dO V^T, dS = P (dP - rowdot), dQ = scale dS K, by blocks of query rows.
-      for (int64_t r0 = 0; r0 < Tq; r0 += kRows) {
-        const int64_t r1 = std::min(Tq, r0 + kRows), n = causal ? r1 : Tk;
-        float* block = dS.data() + r0 * Tk;
-        gemm(false, true, r1 - r0, n, Dv, 1.0f, G + r0 * lg, lg, V, lv, 0.0f, block, Tk);
+      for (int64_t r0 = 0; r0 < x.Tq; r0 += kRows) {
+        const int64_t r1 = std::min(x.Tq, r0 + kRows), n = causal ? r1 : x.Tk;
+        float* block = dS.data() + r0 * x.Tk;
+        gemm(false, true, r1 - r0, n, x.Dv, 1.0f, G + r0 * x.lg, x.lg, V, x.lv, 0.0f, block, x.Tk);
         for (int64_t r = r0; r < r1; ++r)
-          softmax_backward_row(P + r * Tk, dS.data() + r * Tk, rowdot[size_t(r)], causal ? r + 1 : Tk, Tk);
-        gemm(false, false, r1 - r0, D, n, s, block, Tk, K, lk, 0.0f, dQ + r0 * ldq, ldq);
+          softmax_backward_row(P + r * x.Tk, dS.data() + r * x.Tk, rowdot[size_t(r)], causal ? r + 1 : x.Tk, x.Tk);
+        gemm(false, false, r1 - r0, x.D, n, s, block, x.Tk, K, x.lk, 0.0f, dQ + r0 * x.ldq, x.ldq);
       }
       // dK = scale dS^T Q, by blocks of keys as dV.
-      for (int64_t c0 = 0; c0 < Tk; c0 += kRows) {
-        const int64_t c1 = std::min(Tk, c0 + kRows), from = causal ? c0 : 0;
-        gemm(true, false, c1 - c0, D, Tq - from, s, dS.data() + from * Tk + c0, Tk, Q + from * lq, lq, 0.0f,
-             dK + c0 * ldk, ldk);
+      for (int64_t c0 = 0; c0 < x.Tk; c0 += kRows) {
+        const int64_t c1 = std::min(x.Tk, c0 + kRows), from = causal ? c0 : 0;
+        gemm(true, false, c1 - c0, x.D, x.Tq - from, s, dS.data() + from * x.Tk + c0, x.Tk, Q + from * x.lq, x.lq, 0.0f,
+             dK + c0 * x.ldk, x.ldk);
       }
     }
   });
-  return {dq, dk, dv};
+  return {x.dq, x.dk, x.dv};
 }
 
 // ---- causal attention over longer sequences: the probabilities recomputed in backward ----------
@@ -192,85 +231,64 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
 // against ATen's flash attention, which at these lengths computes every key block of 512 up to the
 // diagonal's (all of them at 512 tokens) and masks inside it. Here a block of kLongRows query rows
 // takes exactly the keys up to its last row: a causal step does little more than half the
-// products' work (the masked half of each block's diagonal 64 x 64 square is all it computes in vain). A whole row of logits is one block of the
-// scratch (kLongRows x Tk floats per thread), so the softmax needs no online rescaling.
+// products' work (the masked half of each block's diagonal 64 x 64 square is all it computes in
+// vain). A whole row of logits is one block of the scratch (kLongRows x Tk floats per thread), so
+// the softmax needs no online rescaling.
 namespace {
 constexpr int64_t kLongRows = 64;
 }  // namespace
 
-at::Tensor cpu_attention_forward_lse(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal,
+at::Tensor cpu_attention_forward_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                      double scale, at::Tensor* lse) {
-  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0);
-  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
-  at::Tensor o = heads_view(q, B, H, Tq, Dv);
-  if (lse) *lse = at::empty({B, H, Tq}, q.options());
-  float* L = lse ? lse->mutable_data_ptr<float>() : nullptr;
-  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o);
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> S(static_cast<size_t>(std::min(Tq, kLongRows) * Tk));
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h);
-      float* O = rows_of(o, b, h);
-      for (int64_t r0 = 0; r0 < Tq; r0 += kLongRows) {
-        // The block's logits against its n keys, rows n apart (compact: the products stream them).
-        const int64_t r1 = std::min(Tq, r0 + kLongRows), n = causal ? r1 : Tk;
-        gemm(false, true, r1 - r0, n, D, float(scale), Q + r0 * lq, lq, K, lk, 0.0f, S.data(), n);
-        for (int64_t r = r0; r < r1; ++r) {
-          const float l = softmax_row(S.data() + (r - r0) * n, causal ? r + 1 : n, n);
-          if (L) L[bh * Tq + r] = l;
-        }
-        gemm(false, false, r1 - r0, Dv, n, 1.0f, S.data(), n, V, lv, 0.0f, O + r0 * lo, lo);
-      }
-    }
-  });
-  return o;
+  const int64_t Tq = q.size(2), Tk = k.size(2);
+  if (lse) *lse = at::empty({q.size(0), q.size(1), Tq}, q.options());
+  // One block's logits at a time against its n keys, rows n apart (compact: the products stream them).
+  return forward_blocks(q, k, v, causal, scale, kLongRows, size_t(std::min(Tq, kLongRows) * Tk),
+                        lse ? lse->mutable_data_ptr<float>() : nullptr,
+                        [](int64_t, int64_t, int64_t n, float* scratch) { return BlockRows{scratch, n}; });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const at::Tensor& g0, const at::Tensor& q0,
                                                                           const at::Tensor& k0, const at::Tensor& v0,
                                                                           const at::Tensor& o0, const at::Tensor& lse,
                                                                           bool causal, double scale) {
-  const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0), o = readable(o0), g = readable(g0);
-  const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
-  at::Tensor dq = heads_view(q, B, H, Tq, D), dk = heads_view(k, B, H, Tk, D), dv = heads_view(v, B, H, Tk, Dv);
-  const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o), lg = row_stride(g);
-  const int64_t ldq = row_stride(dq), ldk = row_stride(dk), ldv = row_stride(dv);
+  BackwardOperands x(g0, q0, k0, v0, o0);
   const float s = float(scale);
   const at::Tensor lse_c = lse.contiguous();
-  const int64_t blocks = (Tq + kLongRows - 1) / kLongRows;
-  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    const size_t block_elems = static_cast<size_t>(std::min(Tq, kLongRows) * Tk);
+  const int64_t blocks = (x.Tq + kLongRows - 1) / kLongRows;
+  at::parallel_for(0, x.B * x.H, 1, [&](int64_t begin, int64_t end) {
+    const size_t block_elems = static_cast<size_t>(std::min(x.Tq, kLongRows) * x.Tk);
     std::vector<float> P(block_elems), dS(block_elems);
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h), *O = rows_of(o, b, h),
-                  *G = rows_of(g, b, h);
-      float *dQ = rows_of(dq, b, h), *dK = rows_of(dk, b, h), *dV = rows_of(dv, b, h);
-      const float* L = lse_c.const_data_ptr<float>() + bh * Tq;
+      const int64_t b = bh / x.H, h = bh % x.H;
+      const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, h), *V = rows_of(x.v, b, h), *O = rows_of(x.o, b, h),
+                  *G = rows_of(x.g, b, h);
+      float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, h), *dV = rows_of(x.dv, b, h);
+      const float* L = lse_c.const_data_ptr<float>() + bh * x.Tq;
       // Query blocks from the last: it reaches every key (causal: Tq = Tk), so its products write
       // dK and dV whole (beta 0, over the uninitialised outputs) and every earlier block adds to
       // the keys it reaches (beta 1).
       for (int64_t bi = blocks - 1; bi >= 0; --bi) {
-        const int64_t r0 = bi * kLongRows, r1 = std::min(Tq, r0 + kLongRows), rows = r1 - r0;
-        const int64_t n = causal ? r1 : Tk;
+        const int64_t r0 = bi * kLongRows, r1 = std::min(x.Tq, r0 + kLongRows), rows = r1 - r0;
+        const int64_t n = causal ? r1 : x.Tk;
         const float beta = bi == blocks - 1 ? 0.0f : 1.0f;
         // P again: the forward's logits, then exp(logit - lse) row by row.
-        gemm(false, true, rows, n, D, s, Q + r0 * lq, lq, K, lk, 0.0f, P.data(), n);
+        gemm(false, true, rows, n, x.D, s, Q + r0 * x.lq, x.lq, K, x.lk, 0.0f, P.data(), n);
         for (int64_t r = r0; r < r1; ++r) softmax_from_lse_row(P.data() + (r - r0) * n, L[r], causal ? r + 1 : n, n);
         // dV[0:n] += P^T dO; dP = dO V^T; dS = P (dP - sum(dO o)) row by row.
-        gemm(true, false, n, Dv, rows, 1.0f, P.data(), n, G + r0 * lg, lg, beta, dV, ldv);
-        gemm(false, true, rows, n, Dv, 1.0f, G + r0 * lg, lg, V, lv, 0.0f, dS.data(), n);
-        for (int64_t r = r0; r < r1; ++r)
-          softmax_backward_row(P.data() + (r - r0) * n, dS.data() + (r - r0) * n, dot_row(G + r * lg, O + r * lo, Dv),
-                               causal ? r + 1 : n, n);
+        gemm(true, false, n, x.Dv, rows, 1.0f, P.data(), n, G + r0 * x.lg, x.lg, beta, dV, x.ldv);
+        gemm(false, true, rows, n, x.Dv, 1.0f, G + r0 * x.lg, x.lg, V, x.lv, 0.0f, dS.data(), n);
+        for (int64_t r = r0; r < r1; ++r) {
+          const float rowdot = dot_row(G + r * x.lg, O + r * x.lo, x.Dv);
+          softmax_backward_row(P.data() + (r - r0) * n, dS.data() + (r - r0) * n, rowdot, causal ? r + 1 : n, n);
+        }
         // dQ = scale dS K; dK[0:n] += scale dS^T Q.
-        gemm(false, false, rows, D, n, s, dS.data(), n, K, lk, 0.0f, dQ + r0 * ldq, ldq);
-        gemm(true, false, n, D, rows, s, dS.data(), n, Q + r0 * lq, lq, beta, dK, ldk);
+        gemm(false, false, rows, x.D, n, s, dS.data(), n, K, x.lk, 0.0f, dQ + r0 * x.ldq, x.ldq);
+        gemm(true, false, n, x.D, rows, s, dS.data(), n, Q + r0 * x.lq, x.lq, beta, dK, x.ldk);
       }
     }
   });
-  return {dq, dk, dv};
+  return {x.dq, x.dk, x.dv};
 }
 
 }  // namespace mfsdp
