@@ -11,7 +11,9 @@ Each RUN_DIR is an mfsdp run directory: its config.yaml (the resolved config mfs
 what to train; its metrics.jsonl holds mfsdp's losses. Runs whose training-relevant settings are
 equal (everything but the layout: mesh sizes, strategy, overlap, buckets, checkpointing of
 activations, where the run writes) share one reference run. Compared:
-  - the loss of every step (relative difference <= --rtol; bf16 runs use --bf16-rtol);
+  - the loss of every step (relative difference <= --rtol; bf16 runs use --bf16-rtol, and a step of
+    theirs also passes when it is within --bf16-rtol of PyTorch's fp32 run of the same file and no
+    further from it than PyTorch's bf16 run is);
   - RUN_DIR/grads.safetensors when present: every parameter's gradient after step 1 (mfsdp writes
     it as the momentum buffer of a one-step SGD run: `mfsdp export --state momentum_buffer`),
     ||mfsdp - torch|| / ||torch|| per parameter <= --grad-rtol;
@@ -653,12 +655,18 @@ def judge(a, rd, cache, verdicts):
     if why:
         print(f"{rd}: cannot be judged: {why}", file=sys.stderr)
         return False
-    key, mesh = relevant(cfg), mesh_of(rd)
-    layout = (key, json.dumps(mesh, sort_keys=True))
-    ref = cache.get(key) or cache.get(layout)
-    if ref is None:  # a model with dropout is judged per data-parallel layout
-        ref = reference_run(cfg, mesh)
-        cache[layout if ref["random"] else key] = ref
+    mesh = mesh_of(rd)
+
+    def reference(c):
+        key = relevant(c)
+        layout = (key, json.dumps(mesh, sort_keys=True))
+        ref = cache.get(key) or cache.get(layout)
+        if ref is None:  # a model with dropout is judged per data-parallel layout
+            ref = reference_run(c, mesh)
+            cache[layout if ref["random"] else key] = ref
+        return ref
+
+    ref = reference(cfg)
     mine = {}
     with open(os.path.join(rd, "metrics.jsonl")) as f:
         for line in f:
@@ -670,16 +678,37 @@ def judge(a, rd, cache, verdicts):
         return False
     bf16 = cfg["model"]["compute_dtype"] == "bf16"
     rtol = a.bf16_rtol if bf16 else a.rtol
-    worst, at = 0.0, None
+
+    def rel(o, r):
+        return abs(o - r) / max(abs(r), 1e-12) if o is not None and math.isfinite(o) else math.inf
+
+    # bf16: PyTorch's bf16 run is itself one rounding of the fp32 trajectory among many; where a
+    # step is ill-conditioned it strays from PyTorch's fp32 run by nearly the tolerance (9.0e-3 at
+    # step 12 of the fixture, 2026-12-06), and how far depends on the CPU's bf16 kernels. A step
+    # also passes when mfsdp is within the tolerance of PyTorch's fp32 run and no further from it
+    # than PyTorch's bf16 run is: more accurate than the judge, not wrong. That second way only
+    # opens where PyTorch's bf16 run strays more than half the tolerance (triangle inequality).
+    ref32 = reference(dict(cfg, model=dict(cfg["model"], compute_dtype="fp32"))) if bf16 else None
+    worst, at, worst32, gap32, closer = 0.0, None, 0.0, 0.0, []
     for s in range(1, steps + 1):
-        r, o = ref["loss"][s - 1], mine[s]["loss"]
-        rel = abs(o - r) / max(abs(r), 1e-12) if o is not None and math.isfinite(o) else math.inf
-        if rel > worst:
-            worst, at = rel, s
+        o, r = mine[s]["loss"], ref["loss"][s - 1]
+        d = rel(o, r)
+        if ref32 is not None:
+            d32, gap = rel(o, ref32["loss"][s - 1]), rel(r, ref32["loss"][s - 1])
+            worst32, gap32 = max(worst32, d32), max(gap32, gap)
+            if d > rtol and d32 <= rtol and d32 <= gap:
+                closer.append(s)
+                continue
+        if d > worst:
+            worst, at = d, s
     ok = worst <= rtol
     print(f"{rd}: {steps} steps against PyTorch: max relative loss difference {worst:.2e}"
           f"{f' at step {at}' if at else ''} ({'OK' if ok else 'FAILED'}, tolerance {rtol:g}); "
           f"torch loss {ref['loss'][0]:.6f} -> {ref['loss'][-1]:.6f} ({ref['what']})")
+    if ref32 is not None:
+        print(f"{rd}: against PyTorch's fp32 run of the same file: max relative loss difference {worst32:.2e}; "
+              f"PyTorch's bf16 run strays up to {gap32:.2e} from it"
+              + (f"; steps {closer} pass as closer to it than PyTorch's bf16 run" if closer else ""))
     verdicts.append(ok)
     for fname, what, tol, tensors in (("grads.safetensors", "gradient after step 1", a.grad_rtol, ref["grads"]),
                                       ("final.safetensors", f"weights after step {steps}", a.weight_rtol,
