@@ -752,9 +752,35 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
     }
   }
 
+  // Main weights wider than the compute copy (bf16 compute, preserve_fp32_weights) take their
+  // values from the source, never from the rounded copy: the trainer leaves the model's parameters
+  // in the file's dtype until here, so an fp32 file's weights start the run at full precision, as
+  // PyTorch's fp32 master weights do (rounding them first put the main weights up to half a bf16
+  // step off the file's: 1.2e-2 on an embedding table of N(0, 1) values, a hundred Adam steps of
+  // 1e-4). `from`, `len`: the bucket elements this rank's main weights hold.
+  at::Tensor source_main(const Bucket& b, int64_t from, int64_t len) const {
+    at::Tensor out = at::zeros({len}, opt(md_));
+    if (model_.loaded_on_meta()) {  // the init rules' values, drawn in fp32 (init_global_values)
+      init_range(b, out, from);
+      return out;
+    }
+    for (int pi : b.params) {
+      const ParamInfo& info = info_[pi];
+      const int64_t lo = std::max(from, info.offset), hi = std::min(from + len, info.offset + info.numel);
+      if (hi > lo)
+        out.narrow(0, lo - from, hi - lo)
+            .copy_(model_.params()[pi].tensor.detach().reshape({-1}).narrow(0, lo - info.offset, hi - lo));
+    }
+    return out;
+  }
+
   void build_buffers(Bucket& b, int index) {
     at::NoGradGuard ng;
     auto& params = model_.params();
+    const bool wider = md_ != cd_;
+    // This rank's main weights, as elements of the bucket: the whole of it under strategy 0.
+    const int64_t main_from = strategy_ == 0 ? 0 : r_ * b.shard, main_len = strategy_ == 0 ? b.padded : b.shard;
+    at::Tensor main = wider ? source_main(b, main_from, main_len) : at::Tensor();
     if (model_.loaded_on_meta()) {
       // The full buffer is reserved but never written here (no pages touched under strategy 3).
       b.full = at::empty({b.padded}, opt(cd_));
@@ -762,16 +788,20 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
         params[pi].tensor.set_data(b.full.narrow(0, info_[pi].offset, info_[pi].numel).view(params[pi].tensor.sizes()));
       if (strategy_ == 3) {
         b.shard_w = at::empty({b.shard}, opt(cd_));
-        init_range(b, b.shard_w, r_ * b.shard);
-        b.main = md_ == cd_ ? b.shard_w : b.shard_w.to(md_);
+        if (wider) b.shard_w.copy_(main);
+        else init_range(b, b.shard_w, r_ * b.shard);
+        b.main = wider ? main : b.shard_w;
         b.gathered = true;
         track_gathered(int64_t(b.padded) * int64_t(at::elementSize(cd_)));
         release(b);
       } else {
         at::Tensor mine = b.full.narrow(0, r_ * b.shard, b.shard);
-        init_range(b, mine, r_ * b.shard);
-        shard_.all_gather(b.full, mine);  // strategies 0-2 hold the full weights
-        b.main = md_ == cd_ ? (strategy_ == 0 ? b.full : mine) : (strategy_ == 0 ? b.full : mine).to(md_);
+        if (wider) mine.copy_(main.narrow(0, r_ * b.shard - main_from, b.shard));
+        else init_range(b, mine, r_ * b.shard);
+        // Strategies 1-2 hold the full weights: gathered. Strategy 0's `mine` is the whole bucket,
+        // initialised here on every rank (the rules' values do not depend on the layout).
+        if (strategy_ != 0) shard_.all_gather(b.full, mine);
+        b.main = wider ? main : (strategy_ == 0 ? b.full : mine);
       }
       if (!b.frozen) {
         if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, opt(gd_));
@@ -788,15 +818,14 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
     }
     if (strategy_ == 3) {
       b.shard_w = b.full.narrow(0, r_ * b.shard, b.shard).clone();
-      b.main = md_ == cd_ ? b.shard_w : b.shard_w.to(md_);
+      b.main = wider ? main : b.shard_w;
       b.gathered = true;
       track_gathered(int64_t(b.padded) * int64_t(at::elementSize(cd_)));  // the initial full buffer
       release(b);
     } else if (strategy_ == 0) {
-      b.main = md_ == cd_ ? b.full : b.full.to(md_);
+      b.main = wider ? main : b.full;
     } else {
-      at::Tensor mine = b.full.narrow(0, r_ * b.shard, b.shard);
-      b.main = md_ == cd_ ? mine : mine.to(md_);
+      b.main = wider ? main : b.full.narrow(0, r_ * b.shard, b.shard);
     }
     if (!b.frozen) {
       if (strategy_ <= 1) b.grad_full = at::zeros({b.padded}, opt(gd_));

@@ -240,16 +240,6 @@ at::Tensor Model::forward(const at::Tensor& tokens, const at::Tensor& position_i
   return out.toTensor();
 }
 
-void Model::cast(at::ScalarType dtype) {
-  // Parameters only: buffers such as rotary frequencies keep their precision.
-  for (auto& p : params_) {
-    if (!p.tensor.is_floating_point() || p.tensor.scalar_type() == dtype) continue;
-    p.tensor = p.tensor.detach().to(dtype).set_requires_grad(true);
-    set_param(module_, p.name, p.tensor);
-    for (const auto& alias : p.aliases) set_param(module_, alias, p.tensor);
-  }
-}
-
 int64_t Model::num_params() const {
   int64_t n = 0;
   for (const auto& p : params_) n += p.global_numel();  // whole tensors, also after a TP split

@@ -81,7 +81,7 @@ class Model {
   const std::vector<std::string>& loaded_buffers() const { return loaded_buffers_; }
   // Applies model.trainable / model.frozen (and the stored list when model.trainable is not set):
   // frozen parameters stop requiring gradients. Call after every step that replaces parameter
-  // tensors (cast, tensor parallelism), before the engine is built. Throws a ConfigError for a glob
+  // tensors (tensor parallelism), before the engine is built. Throws a ConfigError for a glob
   // that matches no parameter or a selection that leaves nothing to train. Returns a log line, or
   // "" when every parameter trains.
   std::string apply_trainable(const Config& cfg);
@@ -116,8 +116,6 @@ class Model {
   // says whether any call now runs mfsdp::sdpa.
   std::string use_fast_attention(bool& in_use);
   void train(bool on) { module_.train(on); }
-  // Casts every floating parameter (and buffer) to `dtype` in place of the old tensors.
-  void cast(at::ScalarType dtype);
 
   // Parameter counts for FLOP estimates: all, and without embedding tables (Embedding modules).
   int64_t num_params() const;

@@ -306,7 +306,8 @@ class Trainer {
     const std::string units = model_->find_units(cfg_.distributed.megatron_fsdp_unit_modules,
                                                  cfg_.where("distributed.megatron_fsdp_unit_modules"));
     const bool bf16 = cfg_.model.compute_dtype == "bf16";
-    if (bf16) model_->cast(at::kBFloat16);
+    // bf16 compute: the parameters stay in the file's dtype until the engine builds its buffers,
+    // which round the compute copy and take the main weights from the source (make_engine).
     model_->train(true);
     n_params_ = model_->num_params();
     const int64_t n_dense = n_params_ - model_->num_embedding_params();

@@ -28,6 +28,8 @@ export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 
 py "$here/tests/train/foreign_model.py" "$out/foreign.pt"
 py "$here/tests/train/foreign_model.py" "$out/foreign_hf.pt" --hf  # body under `model`, head at the root
 py "$here/tests/train/foreign_model.py" "$out/foreign_buf.pt" --pos-buffer  # a 128 KiB buffer, + foreign_buf.safetensors
+# torchtitan's way of writing a Llama (a complex rotary buffer, nn.RMSNorm, default initialisation).
+py "$here/tests/train/titan_model.py" "$out/titan.pt"
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
