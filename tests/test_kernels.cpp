@@ -164,6 +164,43 @@ TEST_CASE("RMS scaling: the graph rewrite finds RMSNorm's ops, scripted and trac
   CHECK(worst(gg, gw, 1e-3) < 2e-5);
 }
 
+TEST_CASE("aten::rms_norm (nn.RMSNorm, F.rms_norm) through mfsdp's kernel: gradients of x and the weight; "
+          "other calls are ATen's own") {
+  torch::jit::Module m("m");
+  m.register_parameter("w", (at::randn({32}) * 0.5 + 1).requires_grad_(true), false);
+  m.define(R"(
+    def forward(self, x):
+        a = torch.rms_norm(x, [32], self.w, 1e-5)
+        b = torch.rms_norm(x, [32], None, None)
+        c = torch.rms_norm(x, [6, 32], None, 1e-5)
+        return a + b + c
+  )");
+  at::manual_seed(9);
+  at::Tensor x = (at::randn({6, 32}) * 2).requires_grad_(true);
+  const at::Tensor w = m.attr("w").toTensor();
+  at::Tensor want = m.forward({x}).toTensor();
+  auto gw = torch::autograd::grad({want.sum()}, {x, w});
+  // Not the [6, 32] call: two normalised dimensions. (nn.RMSNorm scripted calls F.rms_norm, a
+  // prim::CallFunction: the titan fixture model's start-up line, tests/CMakeLists.txt.)
+  REQUIRE(use_fast_rms_norm_op(m) == 2);
+  at::Tensor got = m.forward({x}).toTensor();
+  auto gg = torch::autograd::grad({got.sum()}, {x, w});
+  CHECK(worst(got, want, 1e-3) < 2e-6);
+  CHECK(worst(gg[0], gw[0], 1e-3) < 2e-5);
+  CHECK(worst(gg[1], gw[1], 1e-3) < 2e-5);
+  {  // without grad: the same values
+    at::NoGradGuard ng;
+    CHECK(worst(m.forward({x}).toTensor(), want, 1e-3) < 2e-6);
+  }
+  // bf16 (not the kernel's): ATen's rms_norm bit for bit.
+  m.to(at::kBFloat16);
+  at::Tensor xb = x.detach().to(at::kBFloat16);
+  const at::Tensor wb = m.attr("w").toTensor();
+  at::Tensor ref = at::rms_norm(xb, {32}, wb, 1e-5) + at::rms_norm(xb, {32}, std::nullopt, std::nullopt) +
+                   at::rms_norm(xb, {6, 32}, std::nullopt, 1e-5);
+  CHECK(at::equal(m.forward({xb}).toTensor(), ref));
+}
+
 TEST_CASE("GELU tanh spelled out (transformers' gelu_new) is replaced too, and a near miss is not") {
   torch::jit::Module m("m");
   m.define(R"(

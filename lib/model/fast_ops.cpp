@@ -153,6 +153,34 @@ struct RmsScale : public torch::autograd::Function<RmsScale> {
 at::Tensor rms_scale_autograd(const at::Tensor& x, double eps) {
   return rms_ours(x) ? RmsScale::apply(x, eps) : rms_scale_aten(x, eps);
 }
+
+// aten::rms_norm(x, [D], weight, eps) (torch.nn.RMSNorm, F.rms_norm: torchtitan's norms), which on
+// the CPU ATen runs as its composite of six ops forward and their backwards: on fp32 CPU rows over
+// the last dimension, mfsdp's scaling kernel times the weight; anything else is ATen's op itself.
+// eps None is float32's machine epsilon, as ATen takes it for fp32 input.
+std::optional<double> rms_norm_eps(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& w,
+                                   std::optional<double> eps) {
+  if (!x.device().is_cpu() || !rms_ours(x) || shape.size() != 1 || shape[0] != x.size(-1)) return std::nullopt;
+  if (w && w->defined() && (w->scalar_type() != x.scalar_type() || !w->device().is_cpu() || w->dim() != 1 ||
+                            w->size(0) != x.size(-1)))
+    return std::nullopt;
+  return eps.value_or(double(std::numeric_limits<float>::epsilon()));
+}
+at::Tensor rms_norm_autograd(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& w,
+                             std::optional<double> eps) {
+  const std::optional<double> e = rms_norm_eps(x, shape, w, eps);
+  if (!e) return at::rms_norm(x, shape, w, eps);
+  at::Tensor y = RmsScale::apply(x, *e);
+  return w && w->defined() ? y * *w : y;
+}
+at::Tensor rms_norm_plain(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& w,
+                         std::optional<double> eps) {
+  const std::optional<double> e = rms_norm_eps(x, shape, w, eps);
+  if (!e) return at::rms_norm(x, shape, w, eps);
+  at::Tensor r;
+  at::Tensor y = rms_forward(x.contiguous(), *e, r);
+  return w && w->defined() ? y * *w : y;
+}
 at::Tensor rms_scale_plain(const at::Tensor& x, double eps) {
   if (!rms_ours(x)) return rms_scale_aten(x, eps);
 #if MFSDP_FUSED_RMS_NORM
@@ -225,6 +253,36 @@ bool replace_rms(torch::jit::Node* rsqrt) {
   y->setType(mul->output()->type());
   mul->output()->replaceAllUsesWith(y);
   for (Node* n : {mul, rsqrt, add, mean, pow}) n->destroy();
+  return true;
+}
+
+std::shared_ptr<torch::jit::Graph> callee_graph(torch::jit::Node* call, std::string* qualname = nullptr);
+
+// aten::rms_norm(x, shape, weight, eps), or a scripted call of torch.nn.functional.rms_norm (what
+// nn.RMSNorm's forward is in a saved TorchScript file: a prim::CallFunction that the executor
+// inlines only when it runs), with one constant normalised dimension and a constant eps
+// (nn.RMSNorm's __constants__), becomes mfsdp::rms_norm with the same arguments, which runs mfsdp's
+// kernel where it takes the call.
+bool replace_rms_norm(torch::jit::Node* node) {
+  std::vector<torch::jit::Value*> args(node->inputs().begin(), node->inputs().end());
+  if (node->kind() == c10::prim::CallFunction) {
+    std::string name;
+    if (!callee_graph(node, &name) ||
+        (name != "torch.nn.functional.rms_norm" && name != "__torch__.torch.nn.functional.rms_norm"))
+      return false;
+    args.erase(args.begin());  // the function itself
+  }
+  if (args.size() != 4 || node->outputs().size() != 1 || !is_float_tensor_type(args[0])) return false;
+  const auto shape = int_list(args[1]);
+  if (!shape || shape->size() != 1) return false;  // one normalised dimension, known now
+  auto eps = torch::jit::toIValue(args[3]);
+  if (!eps || !(eps->isNone() || eps->isDouble())) return false;
+  torch::jit::Graph& g = *node->owningGraph();
+  torch::jit::WithInsertPoint guard(node);
+  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::rms_norm"), {args[0], args[1], args[2], args[3]});
+  y->setType(node->output()->type());
+  node->output()->replaceAllUsesWith(y);
+  node->destroy();
   return true;
 }
 
@@ -645,7 +703,7 @@ void drop_dead(torch::jit::Node* n) {
 }
 
 // The graph of a prim::CallFunction's callee, or of a prim::CallMethod "forward"'s.
-std::shared_ptr<torch::jit::Graph> callee_graph(torch::jit::Node* call, std::string* qualname = nullptr) {
+std::shared_ptr<torch::jit::Graph> callee_graph(torch::jit::Node* call, std::string* qualname) {
   torch::jit::Function* fn = nullptr;
   if (call->kind() == c10::prim::CallFunction) {
     auto ft = call->input(0)->type()->cast<c10::FunctionType>();
@@ -971,6 +1029,11 @@ int use_fast_gelu(torch::jit::Module& root) {
 
 int use_fast_rms_norm(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::rsqrt}, replace_rms); }
 
+int use_fast_rms_norm_op(torch::jit::Module& root) {
+  return rewrite_nodes(root, {c10::Symbol::fromQualString("aten::rms_norm"), c10::prim::CallFunction},
+                       replace_rms_norm);
+}
+
 at::Tensor rms_scale(const at::Tensor& x, double eps) { return rms_scale_autograd(x, eps); }
 
 int use_fast_swiglu(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::mul}, replace_silu_mul); }
@@ -1006,6 +1069,7 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("rms_scale(Tensor x, float eps) -> Tensor");
+  m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight, float? eps) -> Tensor");
   m.def("silu_mul(Tensor a, Tensor b) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, int dim, int split, int cat_dim) -> Tensor");
   m.def("sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale) -> Tensor");
@@ -1014,6 +1078,7 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("gelu_tanh", mfsdp::gelu_tanh_autograd);
   m.impl("rms_scale", mfsdp::rms_scale_autograd);
+  m.impl("rms_norm", mfsdp::rms_norm_autograd);
   m.impl("silu_mul", mfsdp::silu_mul_autograd);
   m.impl("rotary", mfsdp::rotary_autograd);
   m.impl("sdpa", mfsdp::sdpa_autograd);
@@ -1022,6 +1087,7 @@ TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
 TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("gelu_tanh", mfsdp::gelu_tanh);
   m.impl("rms_scale", mfsdp::rms_scale_plain);
+  m.impl("rms_norm", mfsdp::rms_norm_plain);
   m.impl("silu_mul", mfsdp::silu_mul_plain);
   m.impl("rotary", mfsdp::rotary_plain);
   m.impl("sdpa", mfsdp::sdpa_plain);

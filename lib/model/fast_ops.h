@@ -1,6 +1,7 @@
 // mfsdp's CPU ops for the model's graphs (model/cpu_kernels.h), each with its own backward; other
 // devices and dtypes compute what the replaced ATen calls did. mfsdp::gelu_tanh(Tensor x): GELU in
-// its tanh form. mfsdp::rms_scale(Tensor x, float eps): RMSNorm's scaling. mfsdp::silu_mul(a, b):
+// its tanh form. mfsdp::rms_scale(Tensor x, float eps): RMSNorm's scaling; mfsdp::rms_norm(x, shape,
+// weight, eps): aten::rms_norm through that kernel. mfsdp::silu_mul(a, b):
 // SwiGLU's silu(a) * b. mfsdp::rotary(x, cos, sin, ...): the rotary embedding (rotate-half form).
 // mfsdp::sdpa(q, k, v, mask, is_causal, scale): scaled dot-product attention.
 // DESIGN.md section 7 ("CPU kernels of mfsdp's own").
@@ -21,6 +22,10 @@ int use_fast_gelu(torch::jit::Module& root);
 // forward and one backward, for the five ops forward and their backwards. Returns the number replaced.
 int use_fast_rms_norm(torch::jit::Module& root);
 at::Tensor rms_scale(const at::Tensor& x, double eps);
+// Replaces aten::rms_norm(x, [D], weight, eps) (torch.nn.RMSNorm, F.rms_norm) by mfsdp::rms_norm:
+// on fp32 CPU rows, mfsdp::rms_scale's kernel times the weight; elsewhere ATen's rms_norm itself.
+// CPU only (on a GPU ATen's rms_norm is already one fused kernel). Returns the number replaced.
+int use_fast_rms_norm_op(torch::jit::Module& root);
 
 // Replaces silu(a) * b (SwiGLU's gate: aten::silu, torch.nn.functional.silu scripted, or a call of a
 // module that returns silu of its input, as transformers' SiLUActivation traced) by

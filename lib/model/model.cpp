@@ -167,7 +167,7 @@ std::string Model::use_fast_kernels() {
   // GELU's tanh form, RMSNorm's scaling, SwiGLU's gate and the rotary embedding through mfsdp's CPU
   // kernels (model/fast_ops.h).
   const int gelu = off("MFSDP_FAST_GELU") ? 0 : use_fast_gelu(module_);
-  const int rms = off("MFSDP_FAST_RMSNORM") ? 0 : use_fast_rms_norm(module_);
+  const int rms = off("MFSDP_FAST_RMSNORM") ? 0 : use_fast_rms_norm(module_) + use_fast_rms_norm_op(module_);
   const int swiglu = off("MFSDP_FAST_SWIGLU") ? 0 : use_fast_swiglu(module_);
   const int rotary = off("MFSDP_FAST_ROTARY") ? 0 : use_fast_rotary(module_);
   if (gelu + rms + swiglu + rotary == 0) return "";
