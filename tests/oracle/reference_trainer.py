@@ -502,7 +502,7 @@ def reference_run(cfg, mesh=None):
     named = [(n, p) for n, p in every if n in train]
     if bf16:  # fp32 main weights stepped by the optimizer; the model computes in bf16
         main = [(n, p.detach().clone().float().requires_grad_(True)) for n, p in named]
-        # Parameters only, as mfsdp (Model::cast), autocast and FSDP2's MixedPrecisionPolicy do:
+        # Parameters only, as mfsdp (the engine's compute buffers), autocast and FSDP2's MixedPrecisionPolicy do:
         # buffers keep their dtype. Module.to(torch.bfloat16) would also cast buffers, a complex
         # rotary table (torchtitan's freqs_cis) to its real part.
         with torch.no_grad():
