@@ -166,21 +166,6 @@ std::optional<double> rms_norm_eps(const at::Tensor& x, at::IntArrayRef shape, c
     return std::nullopt;
   return eps.value_or(double(std::numeric_limits<float>::epsilon()));
 }
-at::Tensor rms_norm_autograd(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& w,
-                             std::optional<double> eps) {
-  const std::optional<double> e = rms_norm_eps(x, shape, w, eps);
-  if (!e) return at::rms_norm(x, shape, w, eps);
-  at::Tensor y = RmsScale::apply(x, *e);
-  return w && w->defined() ? y * *w : y;
-}
-at::Tensor rms_norm_plain(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& w,
-                         std::optional<double> eps) {
-  const std::optional<double> e = rms_norm_eps(x, shape, w, eps);
-  if (!e) return at::rms_norm(x, shape, w, eps);
-  at::Tensor r;
-  at::Tensor y = rms_forward(x.contiguous(), *e, r);
-  return w && w->defined() ? y * *w : y;
-}
 at::Tensor rms_scale_plain(const at::Tensor& x, double eps) {
   if (!rms_ours(x)) return rms_scale_aten(x, eps);
 #if MFSDP_FUSED_RMS_NORM
@@ -188,6 +173,15 @@ at::Tensor rms_scale_plain(const at::Tensor& x, double eps) {
 #endif
   at::Tensor r;
   return rms_forward(x.contiguous(), eps, r);
+}
+// mfsdp::rms_norm with or without autograd: `Scale` is rms_scale_autograd or rms_scale_plain.
+template <at::Tensor (*Scale)(const at::Tensor&, double)>
+at::Tensor rms_norm_through(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& w,
+                            std::optional<double> eps) {
+  const std::optional<double> e = rms_norm_eps(x, shape, w, eps);
+  if (!e) return at::rms_norm(x, shape, w, eps);
+  at::Tensor y = Scale(x, *e);
+  return w && w->defined() ? y * *w : y;
 }
 
 // The value of a constant node input: an int or float, or a one-element tensor.
@@ -1078,7 +1072,7 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("gelu_tanh", mfsdp::gelu_tanh_autograd);
   m.impl("rms_scale", mfsdp::rms_scale_autograd);
-  m.impl("rms_norm", mfsdp::rms_norm_autograd);
+  m.impl("rms_norm", mfsdp::rms_norm_through<mfsdp::rms_scale_autograd>);
   m.impl("silu_mul", mfsdp::silu_mul_autograd);
   m.impl("rotary", mfsdp::rotary_autograd);
   m.impl("sdpa", mfsdp::sdpa_autograd);
@@ -1087,7 +1081,7 @@ TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
 TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("gelu_tanh", mfsdp::gelu_tanh);
   m.impl("rms_scale", mfsdp::rms_scale_plain);
-  m.impl("rms_norm", mfsdp::rms_norm_plain);
+  m.impl("rms_norm", mfsdp::rms_norm_through<mfsdp::rms_scale_plain>);
   m.impl("silu_mul", mfsdp::silu_mul_plain);
   m.impl("rotary", mfsdp::rotary_plain);
   m.impl("sdpa", mfsdp::sdpa_plain);
