@@ -78,6 +78,14 @@ mfsdp_train_run(titan_np1 1 ${TITAN})
 mfsdp_train_run(titan_bf16_np1 1 ${TITAN} ${BF16})
 mfsdp_train_run(titan_bf16_s3_n2 2 ${TITAN} ${BF16} distributed.zero_dp_strategy=3)
 mfsdp_oracle(titan RUNS titan_np1 titan_bf16_np1 titan_bf16_s3_n2 ARGS --bf16-rtol 5e-4)
+# Its nn.RMSNorm is a scripted call of F.rms_norm (prim::CallFunction): mfsdp's kernel takes it (one
+# per TorchScript type), and MFSDP_FAST_RMSNORM=off leaves it to ATen.
+add_test(NAME titan_rms_norm_line COMMAND ${EXPECT} 0 "mfsdp's CPU kernels: 0 GELU \\(tanh\\) call\\(s\\), 1 RMSNorm" --
+         ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/titan.pt run_dir=${FX}/titan_line training.max_steps=1)
+add_test(NAME titan_rms_norm_line_off COMMAND ${EXPECT} 0 "mfsdp's CPU kernels: 0 GELU \\(tanh\\) call\\(s\\), 0 RMSNorm" --
+         ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/titan.pt run_dir=${FX}/titan_line_off training.max_steps=1)
+set_tests_properties(titan_rms_norm_line_off PROPERTIES ENVIRONMENT MFSDP_FAST_RMSNORM=off)
+set_tests_properties(titan_rms_norm_line titan_rms_norm_line_off PROPERTIES FIXTURES_REQUIRED train TIMEOUT 120)
 # The second way a bf16 step passes (within the tolerance of PyTorch's fp32 run, no further from it
 # than PyTorch's bf16 run) does not pass everything: at 1e-4 the 1-rank run fails both ways.
 mfsdp_oracle(bf16_tight_fails RUNS bf16_np1 ARGS --bf16-rtol 1e-4 --expect-differ)
