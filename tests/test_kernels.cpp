@@ -181,7 +181,7 @@ TEST_CASE("aten::rms_norm (nn.RMSNorm, F.rms_norm) through mfsdp's kernel: gradi
   at::Tensor want = m.forward({x}).toTensor();
   auto gw = torch::autograd::grad({want.sum()}, {x, w});
   // Not the [6, 32] call: two normalised dimensions. (nn.RMSNorm scripted calls F.rms_norm, a
-  // prim::CallFunction: the titan fixture model's start-up line, tests/CMakeLists.txt.)
+  // prim::CallFunction: titan_rms_norm_line, tests/oracle/oracle_tests.cmake.)
   REQUIRE(use_fast_rms_norm_op(m) == 2);
   at::Tensor got = m.forward({x}).toTensor();
   auto gg = torch::autograd::grad({got.sum()}, {x, w});
