@@ -297,3 +297,33 @@ TEST_CASE("warmup longer than the run is a warning naming the key, not an error 
     REQUIRE(learning_rate(c.lr_scheduler, c.optimizer.lr, 10, s) == Approx(c.optimizer.lr * double(s) / 500.0));
   REQUIRE(load(kMinimal).warnings.empty());
 }
+
+TEST_CASE("profiling: the window, the ranks (a list, or one number), and what is refused") {
+  Config c = load(kMinimal + "profiling:\n  enabled: true\n  start_step: 5\n  end_step: 7\n  ranks: [0, 3]\n"
+                             "  record_shapes: true\n  trace: false\n  top: 12\n");
+  CHECK(c.profiling.enabled);
+  CHECK(c.profiling.start_step == 5);
+  CHECK(c.profiling.end_step == 7);
+  CHECK(c.profiling.ranks == std::vector<int64_t>{0, 3});
+  CHECK(c.profiling.record_shapes);
+  CHECK_FALSE(c.profiling.trace);
+  CHECK(c.profiling.top == 12);
+  // Written back and read again: the same settings.
+  Config again = load(to_yaml(c));
+  CHECK(again.profiling.ranks == c.profiling.ranks);
+  CHECK(again.profiling.end_step == 7);
+  CHECK(load(kMinimal, {"profiling.ranks=2"}).profiling.ranks == std::vector<int64_t>{2});
+  CHECK(load(kMinimal, {"profiling.ranks=[]"}).profiling.ranks.empty());
+  CHECK(load(kMinimal).profiling.ranks == std::vector<int64_t>{0});  // default: rank 0
+  expect_error(kMinimal + "profiling:\n  enabled: true\n  start_step: 5\n  end_step: 4\n",
+               {"t.yaml:8:", "profiling.end_step", "must not be before profiling.start_step (5), got 4"});
+  expect_error(kMinimal + "profiling:\n  ranks: [0, -1]\n", {"t.yaml:6:", "profiling.ranks", "rank numbers >= 0"});
+  expect_error(kMinimal + "profiling:\n  ranks: [0, one]\n", {"profiling.ranks[1]", "expected an integer"});
+  expect_error(kMinimal + "profiling:\n  start_step: 0\n", {"profiling.start_step", "a value >= 1"});
+  expect_error(kMinimal + "profiling:\n  enable: true\n", {"profiling.enable", "enabled"});
+  // A window past the end of a short trial run: a warning naming the key.
+  Config late = load(kMinimal + "training:\n  max_steps: 3\nprofiling:\n  enabled: true\n  start_step: 9\n  end_step: 10\n");
+  REQUIRE(late.warnings.size() == 1);
+  CHECK(late.warnings[0].find("profiling.start_step (9) is beyond training.max_steps (3)") != std::string::npos);
+  CHECK(load(kMinimal + "profiling:\n  start_step: 9\n  end_step: 2\n").warnings.empty());  // off: not checked
+}

@@ -1,8 +1,11 @@
 #include "comm/progress_thread.h"
 
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
+
+#include "util/phase.h"
 
 namespace mfsdp {
 
@@ -22,6 +25,8 @@ void QueuedWork::complete(std::exception_ptr err) {
 
 void QueuedWork::wait() {
   std::unique_lock<std::mutex> lock(mu_);
+  std::optional<Phase> waiting;  // the profile's exposed communication: only waits that block
+  if (!done_) waiting.emplace("mfsdp::wait_collective");
   cv_.wait(lock, [&] { return done_; });
   if (error_) std::rethrow_exception(error_);
 }

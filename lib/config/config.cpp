@@ -385,6 +385,21 @@ class Reader {
       out.push_back(x);
     }
   }
+  void convert(const YAML::Node& n, const std::string& path, std::vector<int64_t>& out) {
+    out.clear();
+    if (n.IsScalar()) {  // a single number is a list of one
+      int64_t x = 0;
+      convert(n, path, x);
+      out.push_back(x);
+      return;
+    }
+    if (!n.IsSequence()) fail(n, path, "expected a list of integers, got " + describe_node(n));
+    for (size_t i = 0; i < n.size(); ++i) {
+      int64_t x = 0;
+      convert(n[i], path + "[" + std::to_string(i) + "]", x);
+      out.push_back(x);
+    }
+  }
   void convert(const YAML::Node& n, const std::string& path, ZeroDpStrategy& out) {
     static const char* names[] = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
     const std::string expected = "expected 0, 1, 2, 3 or one of no_shard, optim, optim_grads, optim_grads_params";
@@ -526,6 +541,11 @@ class Writer {
     for (double x : v) emit(x);
     e_ << YAML::EndSeq;
   }
+  void emit(const std::vector<int64_t>& v) {
+    e_ << YAML::Flow << YAML::BeginSeq;
+    for (int64_t x : v) e_ << x;
+    e_ << YAML::EndSeq;
+  }
   void emit(const TpPlan& v) {
     e_ << YAML::BeginMap;
     for (const auto& [glob, style] : v) e_ << YAML::Key << YAML::DoubleQuoted << glob << YAML::Value << style;
@@ -652,6 +672,16 @@ void validate(Config& c) {
     fail("data.eod_mask_loss", "needs data.eod_token, the id to mask (256 for prepare-data's byte tokenizer)");
   if (c.checkpoint.save_every > 0 && !c.checkpoint.dir)
     fail("checkpoint.save_every", "checkpoint.dir must be set to save checkpoints");
+  const ProfilingConfig& p = c.profiling;
+  if (p.enabled && p.end_step < p.start_step)
+    fail("profiling.end_step", "must not be before profiling.start_step (" + std::to_string(p.start_step) + "), got " +
+                                   std::to_string(p.end_step));
+  // Like the warmup above, a short trial run of a profiling config is legitimate: a warning, and the
+  // trainer says again at the end that nothing was recorded.
+  if (p.enabled && p.start_step > t.max_steps)
+    c.warnings.push_back(c.where("profiling.start_step") + ": profiling.start_step (" + std::to_string(p.start_step) +
+                         ") is beyond training.max_steps (" + std::to_string(t.max_steps) +
+                         "): no step will be profiled");
 }
 
 Config load_from_node(YAML::Node root, Origins& origins, const std::vector<std::string>& overrides) {

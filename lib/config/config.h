@@ -182,6 +182,19 @@ struct LoggingConfig {
   bool tensorboard = false;  // event files under run_dir/tensorboard (rank 0), beside metrics.jsonl
 };
 
+// PyTorch's profiler (Kineto) over a window of steps: a summary table and a Chrome/Perfetto trace
+// per recording rank under run_dir/profile (train/profiler.h). Megatron's --profile-step-start /
+// --profile-step-end / --profile-ranks with --use-pytorch-profiler.
+struct ProfilingConfig {
+  bool enabled = false;
+  int64_t start_step = 3;                // first recorded step (1-based): after the first steps' allocations
+  int64_t end_step = 4;                  // last recorded step, inclusive
+  std::vector<int64_t> ranks = {0};      // ranks that record; empty: every rank
+  bool record_shapes = false;            // input shapes in the trace
+  bool trace = true;                     // write the trace beside the summary
+  int64_t top = 30;                      // rows per table of the summary
+};
+
 struct Config {
   std::string source;  // file the config came from ("<embedded default>" for the built-in one)
   std::string run_dir = "runs/default";
@@ -193,6 +206,7 @@ struct Config {
   LrSchedulerConfig lr_scheduler;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  ProfilingConfig profiling;
 
   // Where each key was set ("file:line:col" or "command-line override 'k=v'"), by dotted path.
   // Later layers use it so that world-size dependent errors still point at the YAML.

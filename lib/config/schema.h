@@ -149,6 +149,20 @@ void describe(Config& c, V& v) {
             }));
     v.field("tensorboard", c.logging.tensorboard);
   });
+  v.section("profiling", [&] {
+    auto& p = c.profiling;
+    v.field("enabled", p.enabled);
+    v.field("start_step", p.start_step, at_least<int64_t>(1));
+    v.field("end_step", p.end_step, at_least<int64_t>(1));
+    v.field("ranks", p.ranks, Check<std::vector<int64_t>>([](const std::vector<int64_t>& r) {
+              for (int64_t x : r)
+                if (x < 0) return std::string("a list of rank numbers >= 0 (empty: every rank)");
+              return std::string();
+            }));
+    v.field("record_shapes", p.record_shapes);
+    v.field("trace", p.trace);
+    v.field("top", p.top, at_least<int64_t>(1));
+  });
 }
 
 // Every dotted key the schema knows ("training.max_steps"), for did-you-mean across sections.

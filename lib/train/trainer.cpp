@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include <atomic>
 #include <csignal>
@@ -48,6 +49,7 @@
 #include "parallel/cross_entropy.h"
 #include "parallel/tp_ops.h"
 #include "train/metrics.h"
+#include "train/profiler.h"
 #include "train/system.h"
 #include "train/tensorboard.h"
 #include "util/error.h"
@@ -185,8 +187,10 @@ class Trainer {
     TrainResult result;
     result.resumed_from = start_step_;
     for (int64_t step = start_step_; step < cfg_.training.max_steps; ++step) {
+      if (profiler_) profiler_->begin_step(step + 1);
       StepMetrics m = train_step(step);
       const int64_t s = step + 1;
+      if (profiler_) log_here(profiler_->end_step(s));
       const bool last = s == cfg_.training.max_steps;
       if (cfg_.training.eval_every > 0 && (s % cfg_.training.eval_every == 0 || last)) m.val_loss = evaluate();
       if (rank0_) metrics_->write(m);
@@ -213,6 +217,7 @@ class Trainer {
     if (ckpt_ && cfg_.checkpoint.save_final && !result.preempted && result.steps == cfg_.training.max_steps)
       save(result.steps, result);
     if (ckpt_) ckpt_->poll(/*wait=*/true);
+    if (profiler_) log_here(profiler_->finish(result.steps));
     if (host_cache) log(describe_host_cache());
     if (fast_attention_) log(describe_fast_attention());
     if (progress_) std::printf("\n");
@@ -235,6 +240,14 @@ class Trainer {
     }
   }
 
+  // A line of this rank's own (the profiler's: it may record on ranks other than 0).
+  void log_here(const std::string& line) {
+    if (line.empty()) return;
+    if (rank0_ || cfg_.logging.all_ranks) return log(line);
+    std::printf("[rank %d] %s\n", rank_, line.c_str());
+    std::fflush(stdout);
+  }
+
   void progress(int64_t s) {
     if (!rank0_) return;
     const int64_t total = cfg_.training.max_steps;
@@ -251,6 +264,11 @@ class Trainer {
     rank0_ = rank_ == 0;
     shape_ = resolve_mesh_shape(cfg_, world_);
     check_batch_against_dp(cfg_, shape_.dp());
+    if (cfg_.profiling.enabled)
+      for (int64_t r : cfg_.profiling.ranks)
+        if (r >= world_)
+          throw ConfigError(fmt::format("{}: profiling.ranks: rank {} does not exist in a run of {} rank{} (0..{})",
+                                        cfg_.where("profiling.ranks"), r, world_, world_ == 1 ? "" : "s", world_ - 1));
     mesh_ = std::make_unique<DeviceMesh>(shape_, rank_);
     device_ = select_device(cfg_.training.device, MpiEnv::local_rank(), cfg_.where("training.device"));
     const Backend backend = resolve_backend();
@@ -393,6 +411,8 @@ class Trainer {
                                 fmt::format("# mesh: dp_replicate {} x dp_shard {} x cp {} x tp {} ({} ranks)\n",
                                             shape_.dp_replicate, shape_.dp_shard, shape_.cp, shape_.tp, world_) +
                                 to_yaml(cfg_));
+    profiler_ = StepProfiler::create(cfg_.profiling, rank_, cfg_.run_dir, device_.is_cuda(),
+                                     [d = device_] { synchronize(d); });
     install_stop_signal_handlers();
     // auto: a bar only on a terminal of our own; under mpirun/srun a rank's stdout may be a pty that
     // the launcher forwards into a file or pipe, so launched jobs print plain lines.
@@ -554,6 +574,7 @@ class Trainer {
   // the first step this run trains, kept data.prefetch_steps ahead; 0: read here) and sent on
   // their way.
   std::vector<ReadyBatch> fetch_step(int64_t step) {
+    Phase phase("mfsdp::data");
     std::vector<ReadyBatch> out;
     const auto t0 = Clock::now();
     if (cfg_.data.prefetch_steps == 0) {
@@ -583,6 +604,7 @@ class Trainer {
     // normalised by all of its tokens.
     const Batch b = cp_->slice(ready.device);
     const double micro_tokens = ready.tokens;
+    std::optional<Phase> forward(std::in_place, "mfsdp::forward");
     engine_->pre_model_forward();
     at::Tensor logits = model_->forward(b.tokens, b.position_ids);
     if (logits.dim() != 3 || logits.size(0) != b.tokens.size(0) || logits.size(1) != b.tokens.size(1))
@@ -605,7 +627,9 @@ class Trainer {
     at::Tensor mask = b.loss_mask.reshape({-1});
     at::Tensor masked_sum = (ce * mask).sum();
     LossSums out{masked_sum.detach().to(at::kDouble), micro_tokens};
+    forward.reset();
     if (backward) {
+      Phase phase("mfsdp::backward");
       // calculate_per_token_loss: sum now, divide by the global token count after the reduction.
       // Otherwise: this micro-batch's mean, averaged over micro-batches (and over dp by the engine).
       at::Tensor objective = cfg_.distributed.calculate_per_token_loss
@@ -630,6 +654,7 @@ class Trainer {
   }
 
   StepMetrics train_step(int64_t step) {
+    Phase phase("mfsdp::step");
     const auto t0 = Clock::now();
     FlightRecorder::instance().set_step(step + 1);
     current_step_ = step + 1;
@@ -650,13 +675,17 @@ class Trainer {
     // Loss and token count over the global batch (data-parallel ranks hold disjoint samples,
     // context-parallel ranks disjoint parts of them).
     auto [loss_sum, global_tokens] = global_sums(sums);
-    engine_->finish_grad_sync(cfg_.distributed.calculate_per_token_loss ? 1.0 / std::max(1.0, global_tokens) : 1.0);
+    {
+      Phase sync("mfsdp::finish_grad_sync");
+      engine_->finish_grad_sync(cfg_.distributed.calculate_per_token_loss ? 1.0 / std::max(1.0, global_tokens) : 1.0);
+    }
 
     // Clipping by a coefficient computed on the device, as clip_grad_norm_ does: min(1, clip /
     // (norm + 1e-6)) multiplies the gradients whatever its value (x 1 is exact), so the host need
     // not see the norm first. The optimizer applies it as it reads each gradient (on CPU inside its
     // fused pass: no pass of its own). A step with a non-finite norm is skipped below, before any
     // weight changes.
+    std::optional<Phase> norm_phase(std::in_place, "mfsdp::grad_norm");
     at::Tensor norm = engine_->grad_norm();
     at::Tensor clip_coeff;
     if (cfg_.training.clip_grad > 0) {
@@ -670,6 +699,7 @@ class Trainer {
     m.step = step + 1;
     m.loss = host[0].item<double>() / std::max(1.0, global_tokens);
     m.grad_norm = host[1].item<double>();
+    norm_phase.reset();
     if (!std::isfinite(m.grad_norm)) {
       std::string names;
       if (cfg_.distributed.report_nan_in_param_grad) {
@@ -692,6 +722,7 @@ class Trainer {
     m.lr = learning_rate(cfg_.lr_scheduler, cfg_.optimizer.lr, cfg_.training.max_steps,
                          optimizer_->steps_taken() + (plant_schedule_ ? 0 : 1));
     if (!m.skipped) {
+      Phase opt("mfsdp::optimizer");
       at::NoGradGuard ng;
       optimizer_->step(engine_->slots(), m.lr, clip_coeff);
       engine_->install_weights(/*trainable_only=*/true);
@@ -853,6 +884,7 @@ class Trainer {
   double data_wait_s_ = 0;                       // seconds fetch_step waited for host batches, in all
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with logging.tensorboard
+  std::unique_ptr<StepProfiler> profiler_;          // the ranks that record (profiling.ranks)
   std::unique_ptr<CheckpointManager> ckpt_;
   int64_t start_step_ = 0;
   int64_t skipped_steps_ = 0;  // steps whose update was skipped (non-finite gradients)

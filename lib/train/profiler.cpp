@@ -1,0 +1,281 @@
+// profiler.h: a window of steps under PyTorch's Kineto profiler, summarised in a table and saved
+// as a trace.
+#include "train/profiler.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <kineto/ActivityType.h>  // libkineto's activity kinds: host op, user range, kernel, copy...
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "config/config.h"
+#include "util/error.h"
+
+namespace mfsdp {
+
+namespace prof = torch::profiler::impl;
+using torch::autograd::profiler::KinetoEvent;
+using Kind = libkineto::ActivityType;
+
+struct StepProfiler::Settings {
+  ProfilingConfig cfg;
+  int rank = 0;
+  std::string dir;  // run_dir/profile
+  bool cuda = false;
+  std::function<void()> synchronize;
+};
+
+namespace {
+
+prof::ProfilerConfig kineto_config(const ProfilingConfig& c) {
+  return prof::ProfilerConfig(prof::ProfilerState::KINETO, /*report_input_shapes=*/c.record_shapes);
+}
+
+std::set<prof::ActivityType> activities(bool cuda) {
+  std::set<prof::ActivityType> a{prof::ActivityType::CPU};
+  if (cuda) a.insert(prof::ActivityType::CUDA);
+  return a;
+}
+
+bool on_device(Kind k) {
+  return k == Kind::CONCURRENT_KERNEL || k == Kind::GPU_MEMCPY || k == Kind::GPU_MEMSET;
+}
+bool on_host(Kind k) {
+  return k == Kind::CPU_OP || k == Kind::USER_ANNOTATION || k == Kind::CUDA_RUNTIME || k == Kind::CUDA_DRIVER;
+}
+// mfsdp's phases are user ranges (Phase); its operators (mfsdp::linear...) are host ops like ATen's.
+bool is_phase(const KinetoEvent& e) { return Kind(e.activityType()) == Kind::USER_ANNOTATION; }
+
+struct Row {
+  int64_t calls = 0;
+  uint64_t total_ns = 0, self_ns = 0;
+};
+struct HostRows {
+  std::map<std::string, Row> phases, ops;
+};
+
+std::string ms(uint64_t ns) { return fmt::format("{:.3f}", double(ns) / 1e6); }
+std::string pct(uint64_t part, uint64_t whole) {
+  return whole ? fmt::format("{:.1f}%", 100.0 * double(part) / double(whole)) : std::string("-");
+}
+std::string cell(std::string s) {  // a table cell: one line, no pipes, kernel names cut
+  for (char& c : s)
+    if (c == '|' || c == '\n') c = ' ';
+  return s.size() > 110 ? s.substr(0, 107) + "..." : s;
+}
+
+// Self time of host events: on each thread, a range's time minus that of the ranges directly
+// inside it (ranges nest: RecordFunction opens and closes them as a stack per thread).
+struct HostEvent {
+  const KinetoEvent* e;
+  uint64_t start, end, children = 0;
+};
+HostRows host_rows(const std::vector<KinetoEvent>& events) {
+  std::unordered_map<uint64_t, std::vector<HostEvent>> by_thread;
+  for (const auto& e : events)
+    if (on_host(Kind(e.activityType())) && e.endNs() >= e.startNs())
+      by_thread[e.startThreadId()].push_back({&e, e.startNs(), e.endNs()});
+  HostRows rows;
+  for (auto& [tid, list] : by_thread) {
+    std::sort(list.begin(), list.end(), [](const HostEvent& a, const HostEvent& b) {
+      return a.start != b.start ? a.start < b.start : a.end > b.end;  // a parent before its first child
+    });
+    std::vector<HostEvent*> open;
+    for (auto& h : list) {
+      while (!open.empty() && open.back()->end <= h.start) open.pop_back();
+      if (!open.empty()) open.back()->children += h.end - h.start;
+      open.push_back(&h);
+    }
+    for (const auto& h : list) {
+      Row& r = (is_phase(*h.e) ? rows.phases : rows.ops)[h.e->name()];
+      ++r.calls;
+      r.total_ns += h.end - h.start;
+      r.self_ns += (h.end - h.start) - std::min(h.children, h.end - h.start);
+    }
+  }
+  return rows;
+}
+
+// Time covered by at least one of the intervals (kernels of several streams overlap).
+uint64_t covered(std::vector<std::pair<uint64_t, uint64_t>> iv) {
+  std::sort(iv.begin(), iv.end());
+  uint64_t total = 0, lo = 0, hi = 0;
+  bool any = false;
+  for (auto [a, b] : iv) {
+    if (!any || a > hi) {
+      if (any) total += hi - lo;
+      lo = a, hi = b, any = true;
+    } else {
+      hi = std::max(hi, b);
+    }
+  }
+  return any ? total + (hi - lo) : 0;
+}
+
+std::string summary(const std::vector<KinetoEvent>& events, int rank, int64_t first, int64_t last, bool cuda,
+                    int64_t top) {
+  const int64_t steps = last - first + 1;
+  const HostRows host = host_rows(events);
+  // The window: the steps' own ranges (mfsdp::step), from the first start to the last end.
+  uint64_t w0 = UINT64_MAX, w1 = 0, step_ns = 0;
+  for (const auto& e : events)
+    if (is_phase(e) && e.name() == "mfsdp::step") w0 = std::min(w0, e.startNs()), w1 = std::max(w1, e.endNs()), step_ns += e.durationNs();
+  if (w0 == UINT64_MAX) w0 = 0;
+
+  std::string out = fmt::format("# mfsdp profile: rank {}, steps {}-{} ({} step{})\n\n", rank, first, last, steps,
+                                steps == 1 ? "" : "s");
+  out += fmt::format("Steps took {} ms in all, {} ms per step (host clock, mfsdp::step ranges). Self time: a range's "
+                     "time minus that of the ranges inside it, on its thread.\n\n",
+                     ms(step_ns), ms(step_ns / uint64_t(steps)));
+
+  out += "## mfsdp's phases\n\n| phase | calls | ms per step | % of the steps | self ms per step |\n|---|---:|---:|---:|---:|\n";
+  std::vector<std::pair<std::string, Row>> phases(host.phases.begin(), host.phases.end()),
+      ops(host.ops.begin(), host.ops.end());
+  std::sort(phases.begin(), phases.end(), [](auto& a, auto& b) { return a.second.total_ns > b.second.total_ns; });
+  for (const auto& [name, r] : phases)
+    out += fmt::format("| {} | {} | {} | {} | {} |\n", name, r.calls, ms(r.total_ns / uint64_t(steps)),
+                       pct(r.total_ns, step_ns), ms(r.self_ns / uint64_t(steps)));
+
+  uint64_t op_self = 0;
+  for (const auto& [name, r] : ops) op_self += r.self_ns;
+  std::sort(ops.begin(), ops.end(), [](auto& a, auto& b) { return a.second.self_ns > b.second.self_ns; });
+  out += fmt::format("\n## Operators by self host time (top {} of {}; all of them: {} ms per step, {} of the steps)\n\n",
+                     std::min<int64_t>(top, int64_t(ops.size())), ops.size(), ms(op_self / uint64_t(steps)),
+                     pct(op_self, step_ns));
+  out += "| operator | calls | self ms per step | self % of the steps | total ms per step |\n|---|---:|---:|---:|---:|\n";
+  for (size_t i = 0; i < ops.size() && int64_t(i) < top; ++i) {
+    const auto& [name, r] = ops[i];
+    out += fmt::format("| {} | {} | {} | {} | {} |\n", cell(name), r.calls, ms(r.self_ns / uint64_t(steps)),
+                       pct(r.self_ns, step_ns), ms(r.total_ns / uint64_t(steps)));
+  }
+
+  if (cuda) {
+    std::map<std::string, Row> dev;
+    std::vector<std::pair<uint64_t, uint64_t>> busy;
+    uint64_t dev_end = w1;
+    for (const auto& e : events) {
+      if (!on_device(Kind(e.activityType()))) continue;
+      Row& r = dev[e.name()];
+      ++r.calls;
+      r.total_ns += e.durationNs();
+      busy.emplace_back(e.startNs(), e.endNs());
+      dev_end = std::max(dev_end, e.endNs());
+    }
+    // The device may finish the last step's kernels after the host's range closed: the window runs
+    // to whichever ends later.
+    const uint64_t window = dev_end > w0 ? dev_end - w0 : 0, busy_ns = covered(busy);
+    uint64_t kernels_ns = 0;
+    for (const auto& [name, r] : dev) kernels_ns += r.total_ns;
+    out += fmt::format("\n## Device\n\nBusy {} ms of {} ms ({}): the time at least one kernel or copy ran, from the first "
+                       "step's start to the end of the last step's work. Idle time is time the host did not keep "
+                       "the device fed (launches, synchronisation, host-side work between kernels).\n\n",
+                       ms(busy_ns), ms(window), pct(busy_ns, window));
+    if (dev.empty())
+      out += "No kernel or copy was recorded: Kineto had no CUPTI activity from this GPU (is libcupti, of the "
+             "CUDA the torch wheel was built with, on the library path?).\n";
+    std::vector<std::pair<std::string, Row>> k(dev.begin(), dev.end());
+    std::sort(k.begin(), k.end(), [](auto& a, auto& b) { return a.second.total_ns > b.second.total_ns; });
+    out += fmt::format("### Kernels and copies by device time (top {} of {}; {} ms per step in all)\n\n",
+                       std::min<int64_t>(top, int64_t(k.size())), k.size(), ms(kernels_ns / uint64_t(steps)));
+    out += "| kernel | calls | ms per step | % of the device time |\n|---|---:|---:|---:|\n";
+    for (size_t i = 0; i < k.size() && int64_t(i) < top; ++i)
+      out += fmt::format("| {} | {} | {} | {} |\n", cell(k[i].first), k[i].second.calls,
+                         ms(k[i].second.total_ns / uint64_t(steps)), pct(k[i].second.total_ns, kernels_ns));
+  }
+  return out;
+}
+
+void write_whole(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f) ok = std::fclose(f) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw UserError(path + ": cannot write the profile: " + std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<StepProfiler> StepProfiler::create(const ProfilingConfig& cfg, int rank, const std::string& run_dir,
+                                                   bool cuda, std::function<void()> synchronize) {
+  if (!cfg.enabled) return nullptr;
+  if (!cfg.ranks.empty() && std::find(cfg.ranks.begin(), cfg.ranks.end(), int64_t(rank)) == cfg.ranks.end())
+    return nullptr;
+  auto p = std::unique_ptr<StepProfiler>(new StepProfiler(cfg, rank, run_dir + "/profile", cuda));
+  p->s_->synchronize = std::move(synchronize);
+  return p;
+}
+
+StepProfiler::StepProfiler(const ProfilingConfig& cfg, int rank, std::string dir, bool cuda)
+    : s_(std::make_unique<Settings>()) {
+  s_->cfg = cfg;
+  s_->rank = rank;
+  s_->dir = std::move(dir);
+  s_->cuda = cuda;
+}
+
+StepProfiler::~StepProfiler() {
+  if (recording_) {  // an error unwound the trainer mid-window: stop recording, write nothing
+    try {
+      torch::autograd::profiler::disableProfiler();
+    } catch (...) {
+    }
+  }
+}
+
+void StepProfiler::begin_step(int64_t step) {
+  if (recording_ || done_ || step < s_->cfg.start_step || step > s_->cfg.end_step) return;
+  // Kineto's set-up (CUPTI's on a GPU) happens in prepare, outside the recorded steps' ranges.
+  torch::autograd::profiler::prepareProfiler(kineto_config(s_->cfg), activities(s_->cuda));
+  torch::autograd::profiler::enableProfiler(kineto_config(s_->cfg), activities(s_->cuda));
+  recording_ = true;
+  first_recorded_ = step;
+}
+
+std::string StepProfiler::end_step(int64_t step) {
+  if (!recording_ || step < s_->cfg.end_step) return "";
+  return stop_and_write(first_recorded_, step);
+}
+
+std::string StepProfiler::finish(int64_t last_step) {
+  if (recording_) return stop_and_write(first_recorded_, last_step) + " (the run ended inside the window)";
+  if (done_) return "";
+  return fmt::format("profiling: rank {} recorded nothing: steps {}-{} were not run (this run: up to step {})", s_->rank,
+                     s_->cfg.start_step, s_->cfg.end_step, last_step);
+}
+
+std::string StepProfiler::stop_and_write(int64_t first, int64_t last) {
+  if (s_->synchronize) s_->synchronize();  // the window's kernels end before CUPTI's buffers are read
+  std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
+  recording_ = false;
+  done_ = true;
+  std::error_code ec;
+  std::filesystem::create_directories(s_->dir, ec);
+  if (ec) throw UserError(s_->dir + ": cannot create the profile directory: " + ec.message());
+  const std::string base = fmt::format("{}/rank{}_steps{}-{}", s_->dir, s_->rank, first, last);
+  write_whole(base + ".txt", summary(result->events(), s_->rank, first, last, s_->cuda, s_->cfg.top));
+  std::string line = fmt::format("profile of steps {}-{} (rank {}): {}.txt", first, last, s_->rank, base);
+  if (s_->cfg.trace) {
+    const std::string tmp = base + ".json.tmp";
+    result->save(tmp);  // Kineto's Chrome trace JSON
+    if (std::rename(tmp.c_str(), (base + ".json").c_str()) != 0) {
+      std::remove(tmp.c_str());
+      throw UserError(base + ".json: cannot write the trace: " + std::strerror(errno));
+    }
+    line += fmt::format(", trace {}.json (https://ui.perfetto.dev or chrome://tracing)", base);
+  }
+  return line;
+}
+
+}  // namespace mfsdp
