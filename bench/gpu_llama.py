@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import statistics
+import shutil
 import subprocess
 import sys
 import time
@@ -81,19 +82,24 @@ ATEN_OPS = {"MFSDP_FAST_RMSNORM": "off", "MFSDP_FAST_SWIGLU": "off", "MFSDP_FAST
 
 def run_mfsdp(a, strategy, log, variant=""):
     run = f"{a.work}/run_s{strategy}{'_' + variant if variant else ''}"
+    # variant "profile": steps 6-7 under PyTorch's profiler (README "Profiling"), a run of its own so
+    # that the profiler's cost stays out of the timed rows.
+    steps = 7 if variant == "profile" else a.steps
+    profiling = "profiling: {enabled: true, start_step: 6, end_step: 7, trace: false, top: 40}\n" if variant == "profile" else ""
     cfg = f"""run_dir: {run}
 model: {{path: {a.work}/llama1b.pt, compute_dtype: {"bf16" if a.device == "cuda" else "fp32"}}}
 distributed: {{zero_dp_strategy: {strategy}, preserve_fp32_weights: true, backend: {"nccl" if a.device == "cuda" else "auto"}}}
 data: {{train: {a.work}/tokens.bin, format: llmc}}
-training: {{max_steps: {a.steps}, global_batch_size: {a.micro}, micro_batch_size: {a.micro}, seq_length: {a.seq},
+training: {{max_steps: {steps}, global_batch_size: {a.micro}, micro_batch_size: {a.micro}, seq_length: {a.seq},
            log_every: 1, clip_grad: 1.0, device: {a.device}}}
 optimizer: {{name: adamw, lr: 1.0e-4, weight_decay: 0.01, betas: [0.9, 0.95]}}
 lr_scheduler: {{name: constant, warmup_steps: 2}}
 logging: {{progress: 'off'}}
-"""
-    with open(f"{a.work}/s{strategy}.yaml", "w") as f:
+""" + profiling
+    yaml_path = f"{a.work}/s{strategy}{'_' + variant if variant else ''}.yaml"
+    with open(yaml_path, "w") as f:
         f.write(cfg)
-    cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", "1", a.bin, "train", "-c", f"{a.work}/s{strategy}.yaml"]
+    cmd = ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-np", "1", a.bin, "train", "-c", yaml_path]
     t = time.time()
     env = dict(os.environ, MFSDP_JIT_FUSER="off", **(ATEN_OPS if variant == "aten_ops" else {}))
     try:
@@ -173,6 +179,7 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--timeout", type=int, default=90)
+    ap.add_argument("--profile", default="", help="also profile mfsdp s0's steps 6-7 (a run of its own); the summary into this file")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of this script (fp32, small --layers/--d-model)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
@@ -199,6 +206,13 @@ def main():
         print(f"[bench] {key}: {res[key] and res[key]['step_s']}", flush=True)
     res["eager"] = run_eager(a)
     print(f"[bench] eager: {res['eager']['step_s']}", flush=True)
+    if a.profile:
+        prof = run_mfsdp(a, 0, log, "profile")
+        src = f"{a.work}/run_s0_profile/profile/rank0_steps6-7.txt"
+        if prof and os.path.exists(src):
+            shutil.copy(src, a.profile)
+        print(f"[bench] profile of mfsdp s0, steps 6-7: {a.profile if prof and os.path.exists(src) else 'failed (bench.log)'}",
+              flush=True)
     if a.metrics and res.get("mfsdp s0"):
         with open(a.metrics, "w") as f:
             for r in res["mfsdp s0"]["rows"]:

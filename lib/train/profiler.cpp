@@ -49,9 +49,11 @@ std::set<prof::ActivityType> activities(bool cuda) {
 bool on_device(Kind k) {
   return k == Kind::CONCURRENT_KERNEL || k == Kind::GPU_MEMCPY || k == Kind::GPU_MEMSET;
 }
-bool on_host(Kind k) {
-  return k == Kind::CPU_OP || k == Kind::USER_ANNOTATION || k == Kind::CUDA_RUNTIME || k == Kind::CUDA_DRIVER;
-}
+// Host ranges that nest: operators and mfsdp's phases. CUDA runtime and driver calls come from
+// CUPTI with the OS thread id, not RecordFunction's, so they cannot be placed inside the operator
+// that made them: they are summed apart (the device section).
+bool on_host(Kind k) { return k == Kind::CPU_OP || k == Kind::USER_ANNOTATION; }
+bool cuda_call(Kind k) { return k == Kind::CUDA_RUNTIME || k == Kind::CUDA_DRIVER; }
 // mfsdp's phases are user ranges (Phase); its operators (mfsdp::linear...) are host ops like ATen's.
 bool is_phase(const KinetoEvent& e) { return Kind(e.activityType()) == Kind::USER_ANNOTATION; }
 
@@ -159,10 +161,15 @@ std::string summary(const std::vector<KinetoEvent>& events, int rank, int64_t fi
   }
 
   if (cuda) {
-    std::map<std::string, Row> dev;
+    std::map<std::string, Row> dev, calls;
     std::vector<std::pair<uint64_t, uint64_t>> busy;
     uint64_t dev_end = w1;
     for (const auto& e : events) {
+      if (cuda_call(Kind(e.activityType()))) {
+        Row& r = calls[e.name()];
+        ++r.calls;
+        r.total_ns += e.durationNs();
+      }
       if (!on_device(Kind(e.activityType()))) continue;
       Row& r = dev[e.name()];
       ++r.calls;
@@ -179,6 +186,12 @@ std::string summary(const std::vector<KinetoEvent>& events, int rank, int64_t fi
                        "step's start to the end of the last step's work. Idle time is time the host did not keep "
                        "the device fed (launches, synchronisation, host-side work between kernels).\n\n",
                        ms(busy_ns), ms(window), pct(busy_ns, window));
+    std::vector<std::pair<std::string, Row>> c(calls.begin(), calls.end());
+    std::sort(c.begin(), c.end(), [](auto& a, auto& b) { return a.second.total_ns > b.second.total_ns; });
+    out += "CUDA runtime and driver calls on the host (inside the operators above, which launched them):";
+    for (size_t i = 0; i < c.size() && i < 5; ++i)
+      out += fmt::format(" {} {} x, {} ms per step;", c[i].first, c[i].second.calls / steps, ms(c[i].second.total_ns / uint64_t(steps)));
+    out += c.empty() ? " none recorded.\n\n" : "\n\n";
     if (dev.empty())
       out += "No kernel or copy was recorded: Kineto had no CUPTI activity from this GPU (is libcupti, of the "
              "CUDA the torch wheel was built with, on the library path?).\n";

@@ -5,9 +5,12 @@
 # 2. the mfsdp built on the CPU machine if it runs here, else a build here against this torch;
 # 3. the GPU tests (tests/gpu/gpu_tests.py): 1-rank NCCL and 2-4 ranks sharing the GPU against CPU
 #    runs of the same model and data, checkpoints across devices, bench-comm on NCCL;
-# 4. the benchmark (bench/gpu_llama.py): a ~1B Llama in bf16 against PyTorch eager, same run.
+# 4. the benchmark (bench/gpu_llama.py): a ~1B Llama in bf16 against PyTorch eager, same run, then
+#    mfsdp's steps 6-7 under PyTorch's profiler (a run of its own): kernels by device time, how
+#    busy the GPU was, mfsdp's phases (README "Profiling").
 # Writes at most 8 files into RESULTS_DIR: check.log, gpu_tests.md, gpu_tests.log, results_gpu.md,
-# bench.log, bench_metrics.jsonl. Budget: under 8 minutes (each stage has its own timeout).
+# bench.log, bench_metrics.jsonl, profile_gpu.txt. Budget: under 8 minutes (each stage has its own
+# timeout).
 set -uo pipefail
 res=${1:?usage: scripts/gpu/check.sh RESULTS_DIR}
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -80,10 +83,11 @@ fi
 
 if [[ $stages == *bench* ]]; then
 stamp "benchmark"
-timeout 210 "$PY" "$here/bench/gpu_llama.py" --bin "$bin" --work /tmp/mfsdp_gpu_bench --results "$res/results_gpu.md" \
-    --metrics "$res/bench_metrics.jsonl" ${MFSDP_BENCH_ARGS:-} > "$res/bench.log" 2>&1
+timeout 270 "$PY" "$here/bench/gpu_llama.py" --bin "$bin" --work /tmp/mfsdp_gpu_bench --results "$res/results_gpu.md" \
+    --metrics "$res/bench_metrics.jsonl" --profile "$res/profile_gpu.txt" ${MFSDP_BENCH_ARGS:-} > "$res/bench.log" 2>&1
 bench_rc=$?
 cat "$res/results_gpu.md" 2>/dev/null || tail -40 "$res/bench.log"
+sed -n '1,/^### Kernels/p' "$res/profile_gpu.txt" 2>/dev/null | head -40
 stamp "benchmark: rc $bench_rc"
 fi
 stamp "done"

@@ -159,6 +159,9 @@ def main():
         "staged_n4_tp2_s3": (4, [llama, "distributed.tp_size=2", "distributed.sequence_parallel=true"], "cpu_llama", 1e-5),
         "staged_n4_cp2_tp2": (4, [llama, "distributed.cp_size=2", "distributed.tp_size=2"], "cpu_llama", 1e-5),
         "ck_gpu_n2_s3": (2, [gpt, *ck("gpu_n2_s3")], "cpu_gpt", 1e-5),
+        # PyTorch's profiler over steps 3-4 (CUPTI's kernels): the losses stay the CPU run's.
+        "nccl_n1_profile": (1, [gpt, "profiling.enabled=true", "profiling.start_step=3", "profiling.end_step=4"],
+                            "cpu_gpt", 1e-5),
     }
     pick = lambda d: {k: v for k, v in d.items() if not want or want.search(k)}
     # The CPU references the selected runs are compared with (all of them when nothing is selected).
@@ -201,6 +204,22 @@ def main():
             s.compare(name, ref, name, rtol)
             if rtol <= 1e-5:
                 s.compare(name + " (grad norm)", ref, name, 1e-3, key="grad_norm")
+    if gpu_rc.get("nccl_n1_profile") == 0:
+        # The summary and trace hold what the run did (tests/train/profile_check.py), and on a GPU
+        # the kernels: at least one, the device busy for part of the window.
+        run = f"{s.work}/runs/nccl_n1_profile"
+        rc, out = sh([PY, os.path.join(ROOT, "tests", "train", "profile_check.py"), run, "--ranks", "0", "--steps", "3-4"],
+                     s.log, timeout=60)
+        s.check("nccl_n1_profile (summary and trace)", rc == 0, " ".join(out.strip().splitlines()[-1:]))
+        if a.gpu_device == "cuda":
+            text = open(f"{run}/profile/rank0_steps3-4.txt").read() if os.path.exists(f"{run}/profile/rank0_steps3-4.txt") else ""
+            busy = re.search(r"Busy ([0-9.]+) ms of ([0-9.]+) ms", text)
+            kernels = re.search(r"### Kernels and copies by device time \(top \d+ of (\d+)", text)
+            ok = bool(busy and kernels and float(busy.group(1)) > 0 and int(kernels.group(1)) > 0)
+            s.check("nccl_n1_profile (GPU kernels recorded)", ok,
+                    (busy.group(0) if busy else "no busy line") + (f", {kernels.group(1)} kernels" if kernels else ", no kernel table"))
+        else:
+            s.log.append("nccl_n1_profile: GPU kernels not checked in a run on " + a.gpu_device)
     if "nccl_n1_dropout_ac" in gpu_rc and gpu_rc["nccl_n1_dropout_ac"] == 0:
         # Dropout on the GPU draws from the CUDA generator: activation checkpointing must replay the
         # same masks (the CUDA RNG stash), so the run equals one without checkpointing.
