@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -63,7 +64,22 @@ struct Row {
 };
 struct HostRows {
   std::map<std::string, Row> phases, ops;
+  uint64_t outside_ns = 0;  // self time of host ranges that began outside every step
 };
+
+// The steps' own ranges (mfsdp::step), by start: what the tables count. Work between steps of a
+// window of several (evaluation, checkpoints, logging) is one line of its own.
+std::vector<std::pair<uint64_t, uint64_t>> step_ranges(const std::vector<KinetoEvent>& events) {
+  std::vector<std::pair<uint64_t, uint64_t>> r;
+  for (const auto& e : events)
+    if (is_phase(e) && e.name() == "mfsdp::step") r.emplace_back(e.startNs(), e.endNs());
+  std::sort(r.begin(), r.end());
+  return r;
+}
+bool in_steps(const std::vector<std::pair<uint64_t, uint64_t>>& steps, uint64_t t) {
+  auto it = std::upper_bound(steps.begin(), steps.end(), std::make_pair(t, UINT64_MAX));
+  return it != steps.begin() && t <= std::prev(it)->second;
+}
 
 std::string ms(uint64_t ns) { return fmt::format("{:.3f}", double(ns) / 1e6); }
 std::string pct(uint64_t part, uint64_t whole) {
@@ -81,7 +97,7 @@ struct HostEvent {
   const KinetoEvent* e;
   uint64_t start, end, children = 0;
 };
-HostRows host_rows(const std::vector<KinetoEvent>& events) {
+HostRows host_rows(const std::vector<KinetoEvent>& events, const std::vector<std::pair<uint64_t, uint64_t>>& steps) {
   std::unordered_map<uint64_t, std::vector<HostEvent>> by_thread;
   for (const auto& e : events)
     if (on_host(Kind(e.activityType())) && e.endNs() >= e.startNs())
@@ -98,10 +114,15 @@ HostRows host_rows(const std::vector<KinetoEvent>& events) {
       open.push_back(&h);
     }
     for (const auto& h : list) {
+      const uint64_t self = (h.end - h.start) - std::min(h.children, h.end - h.start);
+      if (!in_steps(steps, h.start)) {
+        rows.outside_ns += self;
+        continue;
+      }
       Row& r = (is_phase(*h.e) ? rows.phases : rows.ops)[h.e->name()];
       ++r.calls;
       r.total_ns += h.end - h.start;
-      r.self_ns += (h.end - h.start) - std::min(h.children, h.end - h.start);
+      r.self_ns += self;
     }
   }
   return rows;
@@ -126,18 +147,19 @@ uint64_t covered(std::vector<std::pair<uint64_t, uint64_t>> iv) {
 std::string summary(const std::vector<KinetoEvent>& events, int rank, int64_t first, int64_t last, bool cuda,
                     int64_t top) {
   const int64_t steps = last - first + 1;
-  const HostRows host = host_rows(events);
-  // The window: the steps' own ranges (mfsdp::step), from the first start to the last end.
-  uint64_t w0 = UINT64_MAX, w1 = 0, step_ns = 0;
-  for (const auto& e : events)
-    if (is_phase(e) && e.name() == "mfsdp::step") w0 = std::min(w0, e.startNs()), w1 = std::max(w1, e.endNs()), step_ns += e.durationNs();
-  if (w0 == UINT64_MAX) w0 = 0;
+  const std::vector<std::pair<uint64_t, uint64_t>> steps_at = step_ranges(events);
+  const HostRows host = host_rows(events, steps_at);
+  // The window: from the first step's start to the last step's end.
+  uint64_t w0 = 0, w1 = 0, step_ns = 0;
+  for (const auto& [a, b] : steps_at) step_ns += b - a;
+  if (!steps_at.empty()) w0 = steps_at.front().first, w1 = steps_at.back().second;
 
   std::string out = fmt::format("# mfsdp profile: rank {}, steps {}-{} ({} step{})\n\n", rank, first, last, steps,
                                 steps == 1 ? "" : "s");
   out += fmt::format("Steps took {} ms in all, {} ms per step (host clock, mfsdp::step ranges). Self time: a range's "
-                     "time minus that of the ranges inside it, on its thread.\n\n",
-                     ms(step_ns), ms(step_ns / uint64_t(steps)));
+                     "time minus that of the ranges inside it, on its thread. The tables count what began inside "
+                     "the steps; between them (evaluation, checkpoints, logging): {} ms.\n\n",
+                     ms(step_ns), ms(step_ns / uint64_t(steps)), ms(host.outside_ns));
 
   out += "## mfsdp's phases\n\n| phase | calls | ms per step | % of the steps | self ms per step |\n|---|---:|---:|---:|---:|\n";
   std::vector<std::pair<std::string, Row>> phases(host.phases.begin(), host.phases.end()),
@@ -249,6 +271,10 @@ StepProfiler::~StepProfiler() {
 
 void StepProfiler::begin_step(int64_t step) {
   if (recording_ || done_ || step < s_->cfg.start_step || step > s_->cfg.end_step) return;
+  // A CUDA build of LibTorch makes Kineto ask for GPUs even when only the CPU is recorded; on a
+  // node without a driver that prints "ERROR: gpuGetDeviceCount failed", which is not one. On CPU
+  // runs Kineto's own messages stay quiet unless the user set KINETO_LOG_LEVEL.
+  if (!s_->cuda) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   // Kineto's set-up (CUPTI's on a GPU) happens in prepare, outside the recorded steps' ranges.
   torch::autograd::profiler::prepareProfiler(kineto_config(s_->cfg), activities(s_->cuda));
   torch::autograd::profiler::enableProfiler(kineto_config(s_->cfg), activities(s_->cuda));
