@@ -107,6 +107,7 @@ Runner add_validate(CLI::App& cmd) {
                                     : load_config_file(args->file, args->overrides);
     const int n = *world > 0 ? *world : launcher_world_size();
     MeshShape shape = resolve_mesh_shape(cfg, n);
+    check_against_world(cfg, n);
     const int64_t accum = grad_accum_steps(cfg, shape.dp());
     if (!*quiet) {
       std::printf("# resolved config (%s)\n%s\n", cfg.source.c_str(), to_yaml(cfg).c_str());

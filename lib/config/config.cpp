@@ -744,6 +744,15 @@ void check_batch_against_dp(const Config& c, int64_t dp) {
                       ") = " + std::to_string(t.micro_batch_size * dp));
 }
 
+void check_against_world(const Config& c, int64_t world) {
+  if (!c.profiling.enabled) return;
+  for (int64_t r : c.profiling.ranks)
+    if (r >= world)
+      throw ConfigError(c.where("profiling.ranks") + ": profiling.ranks: rank " + std::to_string(r) +
+                        " does not exist in a run of " + std::to_string(world) + (world == 1 ? " rank" : " ranks") +
+                        " (0.." + std::to_string(world - 1) + ")");
+}
+
 int64_t grad_accum_steps(const Config& c, int64_t dp) {
   check_batch_against_dp(c, dp);
   return c.training.global_batch_size / (c.training.micro_batch_size * dp);

@@ -231,6 +231,8 @@ std::string to_yaml(const Config& cfg);
 // Checks that need the data-parallel size: global batch divisible by micro batch x dp.
 // Throws ConfigError citing the keys involved.
 void check_batch_against_dp(const Config& cfg, int64_t dp_size);
+// Checks that need the world size: profiling.ranks within it (when profiling is on).
+void check_against_world(const Config& cfg, int64_t world);
 // Gradient-accumulation steps per optimizer step for a given dp size.
 int64_t grad_accum_steps(const Config& cfg, int64_t dp_size);
 

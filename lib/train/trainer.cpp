@@ -264,11 +264,7 @@ class Trainer {
     rank0_ = rank_ == 0;
     shape_ = resolve_mesh_shape(cfg_, world_);
     check_batch_against_dp(cfg_, shape_.dp());
-    if (cfg_.profiling.enabled)
-      for (int64_t r : cfg_.profiling.ranks)
-        if (r >= world_)
-          throw ConfigError(fmt::format("{}: profiling.ranks: rank {} does not exist in a run of {} rank{} (0..{})",
-                                        cfg_.where("profiling.ranks"), r, world_, world_ == 1 ? "" : "s", world_ - 1));
+    check_against_world(cfg_, world_);
     mesh_ = std::make_unique<DeviceMesh>(shape_, rank_);
     device_ = select_device(cfg_.training.device, MpiEnv::local_rank(), cfg_.where("training.device"));
     const Backend backend = resolve_backend();
