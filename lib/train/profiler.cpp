@@ -20,20 +20,13 @@
 
 #include "config/config.h"
 #include "util/error.h"
+#include "util/strings.h"
 
 namespace mfsdp {
 
 namespace prof = torch::profiler::impl;
 using torch::autograd::profiler::KinetoEvent;
 using Kind = libkineto::ActivityType;
-
-struct StepProfiler::Settings {
-  ProfilingConfig cfg;
-  int rank = 0;
-  std::string dir;  // run_dir/profile
-  bool cuda = false;
-  std::function<void()> synchronize;
-};
 
 namespace {
 
@@ -229,17 +222,6 @@ std::string summary(const std::vector<KinetoEvent>& events, int rank, int64_t fi
   return out;
 }
 
-void write_whole(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (f) ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw UserError(path + ": cannot write the profile: " + std::strerror(errno));
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<StepProfiler> StepProfiler::create(const ProfilingConfig& cfg, int rank, const std::string& run_dir,
@@ -247,17 +229,7 @@ std::unique_ptr<StepProfiler> StepProfiler::create(const ProfilingConfig& cfg, i
   if (!cfg.enabled) return nullptr;
   if (!cfg.ranks.empty() && std::find(cfg.ranks.begin(), cfg.ranks.end(), int64_t(rank)) == cfg.ranks.end())
     return nullptr;
-  auto p = std::unique_ptr<StepProfiler>(new StepProfiler(cfg, rank, run_dir + "/profile", cuda));
-  p->s_->synchronize = std::move(synchronize);
-  return p;
-}
-
-StepProfiler::StepProfiler(const ProfilingConfig& cfg, int rank, std::string dir, bool cuda)
-    : s_(std::make_unique<Settings>()) {
-  s_->cfg = cfg;
-  s_->rank = rank;
-  s_->dir = std::move(dir);
-  s_->cuda = cuda;
+  return std::unique_ptr<StepProfiler>(new StepProfiler(cfg, rank, run_dir + "/profile", cuda, std::move(synchronize)));
 }
 
 StepProfiler::~StepProfiler() {
@@ -270,42 +242,42 @@ StepProfiler::~StepProfiler() {
 }
 
 void StepProfiler::begin_step(int64_t step) {
-  if (recording_ || done_ || step < s_->cfg.start_step || step > s_->cfg.end_step) return;
+  if (recording_ || done_ || step < cfg_.start_step || step > cfg_.end_step) return;
   // A CUDA build of LibTorch makes Kineto ask for GPUs even when only the CPU is recorded; on a
   // node without a driver that prints "ERROR: gpuGetDeviceCount failed", which is not one. On CPU
   // runs Kineto's own messages stay quiet unless the user set KINETO_LOG_LEVEL.
-  if (!s_->cuda) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
+  if (!cuda_) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   // Kineto's set-up (CUPTI's on a GPU) happens in prepare, outside the recorded steps' ranges.
-  torch::autograd::profiler::prepareProfiler(kineto_config(s_->cfg), activities(s_->cuda));
-  torch::autograd::profiler::enableProfiler(kineto_config(s_->cfg), activities(s_->cuda));
+  torch::autograd::profiler::prepareProfiler(kineto_config(cfg_), activities(cuda_));
+  torch::autograd::profiler::enableProfiler(kineto_config(cfg_), activities(cuda_));
   recording_ = true;
   first_recorded_ = step;
 }
 
 std::string StepProfiler::end_step(int64_t step) {
-  if (!recording_ || step < s_->cfg.end_step) return "";
+  if (!recording_ || step < cfg_.end_step) return "";
   return stop_and_write(first_recorded_, step);
 }
 
 std::string StepProfiler::finish(int64_t last_step) {
   if (recording_) return stop_and_write(first_recorded_, last_step) + " (the run ended inside the window)";
   if (done_) return "";
-  return fmt::format("profiling: rank {} recorded nothing: steps {}-{} were not run (this run: up to step {})", s_->rank,
-                     s_->cfg.start_step, s_->cfg.end_step, last_step);
+  return fmt::format("profiling: rank {} recorded nothing: steps {}-{} were not run (this run: up to step {})", rank_,
+                     cfg_.start_step, cfg_.end_step, last_step);
 }
 
 std::string StepProfiler::stop_and_write(int64_t first, int64_t last) {
-  if (s_->synchronize) s_->synchronize();  // the window's kernels end before CUPTI's buffers are read
+  if (synchronize_) synchronize_();  // the window's kernels end before CUPTI's buffers are read
   std::unique_ptr<torch::autograd::profiler::ProfilerResult> result = torch::autograd::profiler::disableProfiler();
   recording_ = false;
   done_ = true;
   std::error_code ec;
-  std::filesystem::create_directories(s_->dir, ec);
-  if (ec) throw UserError(s_->dir + ": cannot create the profile directory: " + ec.message());
-  const std::string base = fmt::format("{}/rank{}_steps{}-{}", s_->dir, s_->rank, first, last);
-  write_whole(base + ".txt", summary(result->events(), s_->rank, first, last, s_->cuda, s_->cfg.top));
-  std::string line = fmt::format("profile of steps {}-{} (rank {}): {}.txt", first, last, s_->rank, base);
-  if (s_->cfg.trace) {
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) throw UserError(dir_ + ": cannot create the profile directory: " + ec.message());
+  const std::string base = fmt::format("{}/rank{}_steps{}-{}", dir_, rank_, first, last);
+  write_file_atomically(base + ".txt", summary(result->events(), rank_, first, last, cuda_, cfg_.top));
+  std::string line = fmt::format("profile of steps {}-{} (rank {}): {}.txt", first, last, rank_, base);
+  if (cfg_.trace) {
     const std::string tmp = base + ".json.tmp";
     result->save(tmp);  // Kineto's Chrome trace JSON
     if (std::rename(tmp.c_str(), (base + ".json").c_str()) != 0) {

@@ -17,12 +17,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
-#include "util/phase.h"  // Phase: the ranges the summary's phase table counts
+#include "config/config.h"  // ProfilingConfig
+#include "util/phase.h"    // Phase: the ranges the summary's phase table counts
 
 namespace mfsdp {
-
-struct ProfilingConfig;
 
 class StepProfiler {
  public:
@@ -42,11 +42,15 @@ class StepProfiler {
   std::string finish(int64_t last_step);
 
  private:
-  StepProfiler(const ProfilingConfig& cfg, int rank, std::string dir, bool cuda);
+  StepProfiler(const ProfilingConfig& cfg, int rank, std::string dir, bool cuda, std::function<void()> synchronize)
+      : cfg_(cfg), rank_(rank), dir_(std::move(dir)), cuda_(cuda), synchronize_(std::move(synchronize)) {}
   std::string stop_and_write(int64_t first, int64_t last);
 
-  struct Settings;
-  std::unique_ptr<Settings> s_;
+  const ProfilingConfig cfg_;
+  const int rank_;
+  const std::string dir_;  // run_dir/profile
+  const bool cuda_;
+  const std::function<void()> synchronize_;
   bool recording_ = false, done_ = false;
   int64_t first_recorded_ = 0;
 };

@@ -137,15 +137,6 @@ std::vector<std::string> make_dirs(const std::string& path) {
   return created;
 }
 
-void write_file_atomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) throw UserError(tmp + ": cannot create: " + std::strerror(errno));
-  bool ok = std::fputs(text.c_str(), f) >= 0;
-  ok = std::fclose(f) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) throw UserError(path + ": cannot write: " + std::strerror(errno));
-}
-
 // A micro-batch's loss: the masked sum stays where it was computed (a device scalar on a GPU run,
 // read by the host once per step); the token count comes from the host copy of the mask.
 struct LossSums {

@@ -1,4 +1,4 @@
-// Small string helpers shared by the config parser and the CLI (no torch, no yaml).
+// Small string and file helpers shared by the config parser, the CLI and the trainer (no torch, no yaml).
 #pragma once
 #include <string>
 #include <vector>
@@ -14,6 +14,9 @@ size_t edit_distance(const std::string& a, const std::string& b);
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 // Shell-style glob with '*' and '?' (used for module paths such as "blocks.*").
 bool glob_match(const std::string& pattern, const std::string& text);
+// Writes `text` to path + ".tmp" and renames it over `path`: the file is whole or absent (the
+// temporary is removed when writing fails). Throws UserError naming the file.
+void write_file_atomically(const std::string& path, const std::string& text);
 // Human-readable byte count: 1.5 KiB, 3.0 MiB.
 std::string human_bytes(double bytes);
 // Test hook (tests/oracle): MFSDP_TEST_PLANT=optimizer|schedule|clip|loss_norm|nan_grad plants a known bug
