@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
                       torch::autograd::grad({o}, {aq, ak, av}, {ag});
                     },
                     [=] {
-                      at::Tensor o = mfsdp::sdpa(aq, ak, av, std::nullopt, true, std::nullopt);
+                      at::Tensor o = mfsdp::sdpa(aq, ak, av, std::nullopt, 0.0, true, std::nullopt);
                       torch::autograd::grad({o}, {aq, ak, av}, {ag});
                     }});
   }

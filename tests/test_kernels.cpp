@@ -367,7 +367,7 @@ std::vector<at::Tensor> attn_run(const at::Tensor& q0, const at::Tensor& k0, con
                                  bool causal, std::optional<double> scale, bool ours, std::string* node = nullptr) {
   at::Tensor q = q0.detach().requires_grad_(true), k = k0.detach().requires_grad_(true),
              v = v0.detach().requires_grad_(true);
-  at::Tensor o = ours ? sdpa(q, k, v, std::nullopt, causal, scale)
+  at::Tensor o = ours ? sdpa(q, k, v, std::nullopt, 0.0, causal, scale)
                       : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale);
   if (node) *node = o.grad_fn() ? o.grad_fn()->name() : "";
   auto gr = torch::autograd::grad({o}, {q, k, v}, {g});
@@ -385,7 +385,7 @@ void check_threads_and_no_grad(const at::Tensor& q, const at::Tensor& k, const a
   at::set_num_threads(before);
   for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
   const at::NoGradGuard no_grad;
-  CHECK(at::equal(sdpa(q, k, v, std::nullopt, true, std::nullopt), one[0]));
+  CHECK(at::equal(sdpa(q, k, v, std::nullopt, 0.0, true, std::nullopt), one[0]));
 }
 }  // namespace
 
@@ -437,7 +437,7 @@ TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays Na
   // A NaN in one query row: that row's output is NaN (as ATen's), the others are not.
   at::Tensor qn = q.clone();
   qn.index_put_({0, 1, 7, 3}, NAN);
-  at::Tensor on = sdpa(qn, k, v, std::nullopt, true, std::nullopt);
+  at::Tensor on = sdpa(qn, k, v, std::nullopt, 0.0, true, std::nullopt);
   CHECK(on[0][1][7].isnan().all().item<bool>());
   CHECK(!on[0][1][6].isnan().any().item<bool>());
   CHECK(!on[1].isnan().any().item<bool>());
@@ -447,12 +447,12 @@ TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays Na
     return at::scaled_dot_product_attention(a, b, c, std::nullopt, 0.0, causal);
   };
   at::Tensor qh = q.to(at::kHalf), kh = k.to(at::kHalf), vh = v.to(at::kHalf);
-  CHECK(at::equal(sdpa(qh, kh, vh, std::nullopt, true, std::nullopt), aten(qh, kh, vh, true)));
+  CHECK(at::equal(sdpa(qh, kh, vh, std::nullopt, 0.0, true, std::nullopt), aten(qh, kh, vh, true)));
   at::Tensor ql = heads(1, 2, 300, 8), kl = heads(1, 2, 300, 8), vl = heads(1, 2, 300, 8);
-  CHECK(at::equal(sdpa(ql, kl, vl, std::nullopt, false, std::nullopt), aten(ql, kl, vl, false)));  // not causal
+  CHECK(at::equal(sdpa(ql, kl, vl, std::nullopt, 0.0, false, std::nullopt), aten(ql, kl, vl, false)));  // not causal
   at::Tensor qs = heads(2, 4, 10, 16);
-  CHECK(at::equal(sdpa(qs, k, v, std::nullopt, true, std::nullopt), aten(qs, k, v, true)));
-  CHECK_THROWS(sdpa(q, k.slice(1, 0, 2), v.slice(1, 0, 2), std::nullopt, true, std::nullopt));  // ATen's error, as before
+  CHECK(at::equal(sdpa(qs, k, v, std::nullopt, 0.0, true, std::nullopt), aten(qs, k, v, true)));
+  CHECK_THROWS(sdpa(q, k.slice(1, 0, 2), v.slice(1, 0, 2), std::nullopt, 0.0, true, std::nullopt));  // ATen's error, as before
 }
 
 TEST_CASE("Attention: bf16 runs the fp32 kernels on the converted inputs, output and gradients rounded once") {
@@ -525,14 +525,15 @@ TEST_CASE("Attention: the log-sum-exp kernels against double at lengths either s
   CHECK(!nan[1][0].isnan().any().item<bool>());         // other pairs' gradients are untouched
 }
 
-TEST_CASE("Attention: the graph rewrite takes SDPA without mask or dropout, and gradients flow through it") {
+TEST_CASE("Attention: the graph rewrite takes SDPA with or without mask and dropout, and gradients flow through it") {
   torch::jit::Module m("m");
   m.define(R"(
     def forward(self, q, k, v, mask):
         a = torch.scaled_dot_product_attention(q, k, v, None, 0.0, True)
         b = torch.scaled_dot_product_attention(q, k, v, mask, 0.0, False)
         c = torch.scaled_dot_product_attention(q, k, v, None, 0.1, False)
-        return (a + b, c)
+        d = torch.scaled_dot_product_attention(q, k, v, None, 0.0, False, scale=None, enable_gqa=True)
+        return (a + b, c + d)
   )");
   at::manual_seed(23);
   at::Tensor q = heads(2, 2, 24, 8).requires_grad_(true), k = heads(2, 2, 24, 8), v = heads(2, 2, 24, 8);
@@ -541,7 +542,8 @@ TEST_CASE("Attention: the graph rewrite takes SDPA without mask or dropout, and 
   // (c's dropout is random: only a + b is compared.)
   at::Tensor want = m.forward({q, k, v, mask}).toTuple()->elements()[0].toTensor();
   at::Tensor gw = torch::autograd::grad({want.sum()}, {q})[0];
-  REQUIRE(use_fast_attention(m) == 2);  // a and b (b's mask is not causal: ATen's at run time); c's dropout keeps ATen's
+  // a, b (b's mask is not causal: ATen's at run time) and c (dropout); d's enable_gqa keeps ATen's.
+  REQUIRE(use_fast_attention(m) == 3);
   at::Tensor got = m.forward({q, k, v, mask}).toTuple()->elements()[0].toTensor();
   at::Tensor gg = torch::autograd::grad({got.sum()}, {q})[0];
   CHECK(scaled(got, want) < 1e-5);
@@ -560,7 +562,7 @@ TEST_CASE("Attention: an explicit causal mask (as Hugging Face models pass) take
   at::Tensor lowest = at::zeros({T, T}).masked_fill(tril.logical_not(), std::numeric_limits<float>::lowest());
   auto run = [&](const at::Tensor& mask, bool ours, std::string* node) {
     at::Tensor qq = q.detach().requires_grad_(true);
-    at::Tensor o = ours ? sdpa(qq, k, v, mask, false, std::nullopt)
+    at::Tensor o = ours ? sdpa(qq, k, v, mask, 0.0, false, std::nullopt)
                         : at::scaled_dot_product_attention(qq, k, v, mask, 0.0, false);
     if (node) *node = o.grad_fn()->name();
     return std::make_pair(o.detach(), torch::autograd::grad({o}, {qq}, {g})[0]);
@@ -595,11 +597,11 @@ TEST_CASE("Attention: an explicit causal mask (as Hugging Face models pass) take
     at::Tensor ql = heads(1, 2, L, 16), kl = heads(1, 2, L, 16), vl = heads(1, 2, L, 16);
     at::Tensor long_tril = at::ones({L, L}, at::kBool).tril();
     at::Tensor qq = ql.detach().requires_grad_(true);
-    at::Tensor o = sdpa(qq, kl, vl, long_tril, false, std::nullopt);
+    at::Tensor o = sdpa(qq, kl, vl, long_tril, 0.0, false, std::nullopt);
     CHECK(std::string(o.grad_fn()->name()).find("Sdpa") != std::string::npos);
     CHECK(scaled(o, at::scaled_dot_product_attention(ql, kl, vl, std::nullopt, 0.0, true)) < 1e-5);
   }
   // A mask together with is_causal: ATen's call, whatever it makes of the pair.
-  CHECK(at::equal(sdpa(q, k, v, tril, true, std::nullopt),
+  CHECK(at::equal(sdpa(q, k, v, tril, 0.0, true, std::nullopt),
                   at::scaled_dot_product_attention(q, k, v, tril, 0.0, true)));
 }

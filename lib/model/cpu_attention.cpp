@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "model/cpu_kernels.h"
+#include "model/cpu_random.h"
 
 // The BLAS's Fortran sgemm, which LibTorch's MKL (and an OpenBLAS build) exports; weak, so that a
 // LibTorch without one links and keeps ATen's attention (cpu_attention_takes says no).
@@ -74,20 +75,29 @@ struct BlockRows {
   int64_t ld;
 };
 
+// A row of probabilities with dropout applied: from p into a (in place when they are one).
+void drop_row(const AttentionDropout& drop, int64_t bh, int64_t Tq, int64_t Tk, int64_t r, const float* p, float* a,
+              int64_t n) {
+  dropout_apply(p, drop.keep + (bh * Tq + r) * Tk, drop.scale, a, n);
+}
+
 // The forward over every (batch, head) pair, by blocks of `rows` query rows: a block's scaled logits
 // against the keys it reaches (causal: up to its last row) go where place(pair, first row, keys,
 // this thread's scratch of `scratch_elems` floats) says, become probabilities in place (zero beyond
 // a row's keys, to the row's end), and multiply v into o. L, when given, receives each row's
-// log-sum-exp [B, H, Tq]. The two kernels differ only in where the logits live.
+// log-sum-exp [B, H, Tq]. The two kernels differ only in where the logits live. With dropout the
+// product takes the dropped probabilities: a copy when `kept` (the probabilities stay for the
+// backward), else in place.
 template <typename Place>
 at::Tensor forward_blocks(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal, double scale,
-                          int64_t rows, size_t scratch_elems, float* L, Place place) {
+                          int64_t rows, size_t scratch_elems, float* L, const AttentionDropout* drop, bool kept,
+                          Place place) {
   const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0);
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
   at::Tensor o = heads_view(q, B, H, Tq, Dv);
   const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(scratch_elems);
+    std::vector<float> scratch(scratch_elems), dropped(drop && kept ? size_t(std::min(Tq, rows) * Tk) : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h);
@@ -100,7 +110,13 @@ at::Tensor forward_blocks(const at::Tensor& q0, const at::Tensor& k0, const at::
           const float l = softmax_row(S.s + (r - r0) * S.ld, causal ? r + 1 : n, S.ld);
           if (L) L[bh * Tq + r] = l;
         }
-        gemm(false, false, r1 - r0, Dv, n, 1.0f, S.s, S.ld, V, lv, 0.0f, O + r0 * lo, lo);
+        BlockRows A = S;
+        if (drop) {
+          if (kept) A = BlockRows{dropped.data(), n};
+          for (int64_t r = r0; r < r1; ++r)
+            drop_row(*drop, bh, Tq, Tk, r, S.s + (r - r0) * S.ld, A.s + (r - r0) * A.ld, n);
+        }
+        gemm(false, false, r1 - r0, Dv, n, 1.0f, A.s, A.ld, V, lv, 0.0f, O + r0 * lo, lo);
       }
     }
   });
@@ -170,12 +186,12 @@ bool is_causal_mask(const at::Tensor& mask, int64_t T) {
 }
 
 at::Tensor cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                 double scale, at::Tensor* probs) {
+                                 double scale, at::Tensor* probs, const AttentionDropout* drop) {
   const int64_t Tq = q.size(2), Tk = k.size(2);
   if (probs) *probs = at::empty({q.size(0), q.size(1), Tq, Tk}, q.options());
   float* P = probs ? probs->mutable_data_ptr<float>() : nullptr;
   // Each pair's probabilities whole (kept, or a scratch of one pair without a backward), rows Tk apart.
-  return forward_blocks(q, k, v, causal, scale, kRows, P ? 0 : size_t(Tq * Tk), nullptr,
+  return forward_blocks(q, k, v, causal, scale, kRows, P ? 0 : size_t(Tq * Tk), nullptr, drop, P != nullptr,
                         [&](int64_t bh, int64_t r0, int64_t, float* scratch) {
                           return BlockRows{(P ? P + bh * Tq * Tk : scratch) + r0 * Tk, Tk};
                         });
@@ -184,23 +200,33 @@ at::Tensor cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::Tensor& g0, const at::Tensor& q0,
                                                                       const at::Tensor& k0, const at::Tensor& v0,
                                                                       const at::Tensor& o0, const at::Tensor& probs,
-                                                                      bool causal, double scale) {
+                                                                      bool causal, double scale,
+                                                                      const AttentionDropout* drop) {
   BackwardOperands x(g0, q0, k0, v0, o0);
   const float s = float(scale);
   at::parallel_for(0, x.B * x.H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> dS(static_cast<size_t>(x.Tq * x.Tk)), rowdot(static_cast<size_t>(x.Tq));
+    std::vector<float> dropped(drop ? static_cast<size_t>(x.Tq * x.Tk) : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / x.H, h = bh % x.H;
       const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, h), *V = rows_of(x.v, b, h), *O = rows_of(x.o, b, h),
                   *G = rows_of(x.g, b, h);
       float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, h), *dV = rows_of(x.dv, b, h);
       const float* P = probs.const_data_ptr<float>() + bh * x.Tq * x.Tk;
-      // The softmax's backward needs sum_j P dP over a row, which is sum(dO o) of that row.
+      // With dropout o = A v with A = P D (D the mask times its scale): dV takes A, and dP = dA D.
+      const float* A = P;
+      if (drop) {
+        for (int64_t r = 0; r < x.Tq; ++r)
+          drop_row(*drop, bh, x.Tq, x.Tk, r, P + r * x.Tk, dropped.data() + r * x.Tk, causal ? r + 1 : x.Tk);
+        A = dropped.data();
+      }
+      // The softmax's backward needs sum_j P dP over a row, which is sum(dO o) of that row (with
+      // dropout too: sum_j P dP = sum_j A dA = dO . o).
       for (int64_t r = 0; r < x.Tq; ++r) rowdot[size_t(r)] = dot_row(G + r * x.lg, O + r * x.lo, x.Dv);
-      // dV = P^T dO, by blocks of keys; a causal block's rows start at its first key (P is 0 above).
+      // dV = A^T dO, by blocks of keys; a causal block's rows start at its first key (A is 0 above).
       for (int64_t c0 = 0; c0 < x.Tk; c0 += kRows) {
         const int64_t c1 = std::min(x.Tk, c0 + kRows), from = causal ? c0 : 0;
-        gemm(true, false, c1 - c0, x.Dv, x.Tq - from, 1.0f, P + from * x.Tk + c0, x.Tk, G + from * x.lg, x.lg, 0.0f,
+        gemm(true, false, c1 - c0, x.Dv, x.Tq - from, 1.0f, A + from * x.Tk + c0, x.Tk, G + from * x.lg, x.lg, 0.0f,
              dV + c0 * x.ldv, x.ldv);
       }
       // dP = dO V^T, dS = P (dP - rowdot), dQ = scale dS K, by blocks of query rows.
@@ -208,8 +234,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
         const int64_t r1 = std::min(x.Tq, r0 + kRows), n = causal ? r1 : x.Tk;
         float* block = dS.data() + r0 * x.Tk;
         gemm(false, true, r1 - r0, n, x.Dv, 1.0f, G + r0 * x.lg, x.lg, V, x.lv, 0.0f, block, x.Tk);
-        for (int64_t r = r0; r < r1; ++r)
-          softmax_backward_row(P + r * x.Tk, dS.data() + r * x.Tk, rowdot[size_t(r)], causal ? r + 1 : x.Tk, x.Tk);
+        for (int64_t r = r0; r < r1; ++r) {
+          float* row = dS.data() + r * x.Tk;
+          if (drop) drop_row(*drop, bh, x.Tq, x.Tk, r, row, row, causal ? r + 1 : x.Tk);
+          softmax_backward_row(P + r * x.Tk, row, rowdot[size_t(r)], causal ? r + 1 : x.Tk, x.Tk);
+        }
         gemm(false, false, r1 - r0, x.D, n, s, block, x.Tk, K, x.lk, 0.0f, dQ + r0 * x.ldq, x.ldq);
       }
       // dK = scale dS^T Q, by blocks of keys as dV.
@@ -239,26 +268,27 @@ constexpr int64_t kLongRows = 64;
 }  // namespace
 
 at::Tensor cpu_attention_forward_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                     double scale, at::Tensor* lse) {
+                                     double scale, at::Tensor* lse, const AttentionDropout* drop) {
   const int64_t Tq = q.size(2), Tk = k.size(2);
   if (lse) *lse = at::empty({q.size(0), q.size(1), Tq}, q.options());
   // One block's logits at a time against its n keys, rows n apart (compact: the products stream them).
   return forward_blocks(q, k, v, causal, scale, kLongRows, size_t(std::min(Tq, kLongRows) * Tk),
-                        lse ? lse->mutable_data_ptr<float>() : nullptr,
+                        lse ? lse->mutable_data_ptr<float>() : nullptr, drop, false,
                         [](int64_t, int64_t, int64_t n, float* scratch) { return BlockRows{scratch, n}; });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const at::Tensor& g0, const at::Tensor& q0,
                                                                           const at::Tensor& k0, const at::Tensor& v0,
                                                                           const at::Tensor& o0, const at::Tensor& lse,
-                                                                          bool causal, double scale) {
+                                                                          bool causal, double scale,
+                                                                          const AttentionDropout* drop) {
   BackwardOperands x(g0, q0, k0, v0, o0);
   const float s = float(scale);
   const at::Tensor lse_c = lse.contiguous();
   const int64_t blocks = (x.Tq + kLongRows - 1) / kLongRows;
   at::parallel_for(0, x.B * x.H, 1, [&](int64_t begin, int64_t end) {
     const size_t block_elems = static_cast<size_t>(std::min(x.Tq, kLongRows) * x.Tk);
-    std::vector<float> P(block_elems), dS(block_elems);
+    std::vector<float> P(block_elems), dS(block_elems), dropped(drop ? block_elems : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / x.H, h = bh % x.H;
       const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, h), *V = rows_of(x.v, b, h), *O = rows_of(x.o, b, h),
@@ -275,12 +305,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const 
         // P again: the forward's logits, then exp(logit - lse) row by row.
         gemm(false, true, rows, n, x.D, s, Q + r0 * x.lq, x.lq, K, x.lk, 0.0f, P.data(), n);
         for (int64_t r = r0; r < r1; ++r) softmax_from_lse_row(P.data() + (r - r0) * n, L[r], causal ? r + 1 : n, n);
-        // dV[0:n] += P^T dO; dP = dO V^T; dS = P (dP - sum(dO o)) row by row.
-        gemm(true, false, n, x.Dv, rows, 1.0f, P.data(), n, G + r0 * x.lg, x.lg, beta, dV, x.ldv);
+        // dV[0:n] += A^T dO (A = P, or P D with dropout); dP = dO V^T (times D with dropout);
+        // dS = P (dP - sum(dO o)) row by row.
+        const float* A = P.data();
+        if (drop) {
+          for (int64_t r = r0; r < r1; ++r)
+            drop_row(*drop, bh, x.Tq, x.Tk, r, P.data() + (r - r0) * n, dropped.data() + (r - r0) * n, n);
+          A = dropped.data();
+        }
+        gemm(true, false, n, x.Dv, rows, 1.0f, A, n, G + r0 * x.lg, x.lg, beta, dV, x.ldv);
         gemm(false, true, rows, n, x.Dv, 1.0f, G + r0 * x.lg, x.lg, V, x.lv, 0.0f, dS.data(), n);
         for (int64_t r = r0; r < r1; ++r) {
           const float rowdot = dot_row(G + r * x.lg, O + r * x.lo, x.Dv);
-          softmax_backward_row(P.data() + (r - r0) * n, dS.data() + (r - r0) * n, rowdot, causal ? r + 1 : n, n);
+          float* row = dS.data() + (r - r0) * n;
+          if (drop) drop_row(*drop, bh, x.Tq, x.Tk, r, row, row, n);
+          softmax_backward_row(P.data() + (r - r0) * n, row, rowdot, causal ? r + 1 : n, n);
         }
         // dQ = scale dS K; dK[0:n] += scale dS^T Q.
         gemm(false, false, rows, x.D, n, s, dS.data(), n, K, x.lk, 0.0f, dQ + r0 * x.ldq, x.ldq);

@@ -5,9 +5,19 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <tuple>
 
 namespace mfsdp {
+
+// Dropout of the attention probabilities, where ATen's math attention applies it (after the
+// softmax, before the product with v): keep [B, H, Tq, Tk] row-major (1 kept, 0 dropped, drawn as
+// ATen draws its noise: model/fast_dropout.h), kept probabilities times `scale` (1 / (1 - p)). The
+// probabilities kept for the backward stay undropped; the backward applies the mask again.
+struct AttentionDropout {
+  const uint8_t* keep;
+  float scale;
+};
 
 // Keys per head up to which the kernel keeps the B x H x Tq x Tk probabilities of a call for the
 // backward (for head dim 64 at most the size of q, k, v and the output together). Beyond it ATen's
@@ -38,24 +48,26 @@ bool is_causal_mask(const at::Tensor& mask, int64_t T);
 // [B, Tq, H, Dv] (as ATen's flash attention returns it). When `probs` is given it receives the
 // probabilities [B, H, Tq, Tk] (zeros above the diagonal when causal) for the backward.
 at::Tensor cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                 double scale, at::Tensor* probs);
+                                 double scale, at::Tensor* probs, const AttentionDropout* drop = nullptr);
 
 // dq, dk, dv of the forward above from the output's gradient, the inputs, the output and its probs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                                                       const at::Tensor& k, const at::Tensor& v,
                                                                       const at::Tensor& out, const at::Tensor& probs,
-                                                                      bool causal, double scale);
+                                                                      bool causal, double scale,
+                                                                      const AttentionDropout* drop = nullptr);
 
 // The same attention for long causal sequences: o as above, and when `lse` is given the log-sum-exp
 // of each query row's scaled logits [B, H, Tq] (NaN for a NaN row), all the backward keeps.
 at::Tensor cpu_attention_forward_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                     double scale, at::Tensor* lse);
+                                     double scale, at::Tensor* lse, const AttentionDropout* drop = nullptr);
 
 // dq, dk, dv of cpu_attention_forward_lse, its probabilities recomputed block by block from lse.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const at::Tensor& grad_out,
                                                                           const at::Tensor& q, const at::Tensor& k,
                                                                           const at::Tensor& v, const at::Tensor& out,
                                                                           const at::Tensor& lse, bool causal,
-                                                                          double scale);
+                                                                          double scale,
+                                                                          const AttentionDropout* drop = nullptr);
 
 }  // namespace mfsdp

@@ -21,6 +21,7 @@
 #include "model/cpu_attention.h"
 #include "model/cpu_kernels.h"
 #include "model/device_fast_ops.h"
+#include "model/fast_dropout.h"
 #include "model/graph_rewrite.h"
 
 // ATen's fused RMSNorm (at::_fused_rms_norm and its backward, CUDA kernels) arrived in LibTorch 2.8-2.9;
@@ -544,9 +545,9 @@ at::Tensor rotary_plain(const at::Tensor& x, const at::Tensor& cos, const at::Te
 
 using OptMask = std::optional<at::Tensor>;
 
-at::Tensor sdpa_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask, bool causal,
-                     std::optional<double> scale) {
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, scale);
+at::Tensor sdpa_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
+                     double dropout_p, bool causal, std::optional<double> scale) {
+  return at::scaled_dot_product_attention(q, k, v, mask, dropout_p, causal, scale);
 }
 
 double sdpa_scale(const at::Tensor& q, std::optional<double> scale) {
@@ -554,8 +555,22 @@ double sdpa_scale(const at::Tensor& q, std::optional<double> scale) {
 }
 
 // Calls of mfsdp::sdpa so far: through the kernel (with an explicit causal mask among them), and
-// through ATen's SDPA (describe_fast_attention).
-std::atomic<int64_t> sdpa_kernel_calls{0}, sdpa_mask_calls{0}, sdpa_aten_calls{0};
+// through ATen's SDPA (describe_fast_attention); with dropout drawn by mfsdp.
+std::atomic<int64_t> sdpa_kernel_calls{0}, sdpa_mask_calls{0}, sdpa_aten_calls{0}, sdpa_dropout_calls{0};
+
+// The dropout mask of a call the kernel takes, [B, H, Tq, Tk] bytes drawn as ATen's math attention
+// draws its noise over the probabilities (one bernoulli_(1 - p) over that contiguous tensor, from
+// the default generator): so a run's masks are those PyTorch's own attention would draw. Undefined
+// when there is no dropout; false when ATen must run the call (fast_dropout.h: on Intel CPUs ATen
+// draws with MKL; p of 1 or more).
+bool sdpa_dropout_mask(const at::Tensor& q, const at::Tensor& k, double p, at::Tensor& keep) {
+  if (!(p > 0.0)) return true;
+  if (!(p < 1.0)) return false;
+  keep = at::empty({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options().dtype(at::kByte));
+  if (!draw_bernoulli_keep(1.0 - p, keep.mutable_data_ptr<uint8_t>(), keep.numel())) return false;
+  sdpa_dropout_calls.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
 
 // Whether mfsdp's kernel takes the call, and whether as causal: no mask, or a mask that is exactly
 // the causal one (Hugging Face models pass theirs explicitly) with is_causal false (a mask with
@@ -576,43 +591,60 @@ bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
 
 // Up to kCpuAttentionMaxKeys keys the probabilities are kept for the backward; beyond (causal only)
 // one log-sum-exp per query row, and the backward recomputes them.
+// With dropout the mask (keep, bytes) is kept too, and the scale that kept probabilities take: ATen's
+// math attention computes a bf16 call in fp32, so its noise is fp32's 1 / (1 - p) either way.
 struct Sdpa : public torch::autograd::Function<Sdpa> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            bool causal, double scale) {
+                            bool causal, double scale, std::optional<at::Tensor> keep_mask, double dropout_p) {
     const bool keep = cpu_attention_keeps_probs(k.size(2));
+    const AttentionDropout drop{keep_mask ? keep_mask->const_data_ptr<uint8_t>() : nullptr,
+                                dropout_scale(at::kFloat, dropout_p)};
+    const AttentionDropout* d = keep_mask ? &drop : nullptr;
     at::Tensor kept;  // the probabilities, or the log-sum-exp of each row
-    at::Tensor o = keep ? cpu_attention_forward(q, k, v, causal, scale, &kept)
-                        : cpu_attention_forward_lse(q, k, v, causal, scale, &kept);
+    at::Tensor o = keep ? cpu_attention_forward(q, k, v, causal, scale, &kept, d)
+                        : cpu_attention_forward_lse(q, k, v, causal, scale, &kept, d);
     ctx->save_for_backward({q, k, v, o, kept});
+    if (keep_mask) ctx->saved_data["keep_mask"] = *keep_mask;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["keep"] = keep;
+    ctx->saved_data["dropout_p"] = dropout_p;
     return o;
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     const auto saved = ctx->get_saved_variables();
     const bool causal = ctx->saved_data["causal"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
+    const at::Tensor keep_mask = ctx->saved_data.count("keep_mask") ? ctx->saved_data["keep_mask"].toTensor() : at::Tensor();
+    const AttentionDropout drop{keep_mask.defined() ? keep_mask.const_data_ptr<uint8_t>() : nullptr,
+                                dropout_scale(at::kFloat, ctx->saved_data["dropout_p"].toDouble())};
+    const AttentionDropout* d = keep_mask.defined() ? &drop : nullptr;
     const at::Tensor go = g[0].to(at::kFloat);
     auto [dq, dk, dv] =
         ctx->saved_data["keep"].toBool()
-            ? cpu_attention_backward(go, saved[0], saved[1], saved[2], saved[3], saved[4], causal, scale)
-            : cpu_attention_backward_lse(go, saved[0], saved[1], saved[2], saved[3], saved[4], causal, scale);
-    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+            ? cpu_attention_backward(go, saved[0], saved[1], saved[2], saved[3], saved[4], causal, scale, d)
+            : cpu_attention_backward_lse(go, saved[0], saved[1], saved[2], saved[3], saved[4], causal, scale, d);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 // Without a gradient to come: nothing is kept.
-at::Tensor sdpa_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale) {
-  return cpu_attention_keeps_probs(k.size(2)) ? cpu_attention_forward(q, k, v, causal, scale, nullptr)
-                                              : cpu_attention_forward_lse(q, k, v, causal, scale, nullptr);
+at::Tensor sdpa_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale,
+                        const at::Tensor& keep_mask, double dropout_p) {
+  const AttentionDropout drop{keep_mask.defined() ? keep_mask.const_data_ptr<uint8_t>() : nullptr,
+                              dropout_scale(at::kFloat, dropout_p)};
+  const AttentionDropout* d = keep_mask.defined() ? &drop : nullptr;
+  return cpu_attention_keeps_probs(k.size(2)) ? cpu_attention_forward(q, k, v, causal, scale, nullptr, d)
+                                              : cpu_attention_forward_lse(q, k, v, causal, scale, nullptr, d);
 }
 
 // The fp32 kernels, keeping the probabilities or log-sum-exps only when a gradient will be asked for.
-at::Tensor sdpa_float(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale) {
+at::Tensor sdpa_float(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale,
+                      const at::Tensor& keep_mask, double dropout_p) {
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!grad) return sdpa_no_grad(q, k, v, causal, scale);
-  return Sdpa::apply(q, k, v, causal, scale);
+  if (!grad) return sdpa_no_grad(q, k, v, causal, scale, keep_mask, dropout_p);
+  return Sdpa::apply(q, k, v, causal, scale,
+                     keep_mask.defined() ? std::optional<at::Tensor>(keep_mask) : std::nullopt, dropout_p);
 }
 
 // mfsdp's kernels where they take the inputs (fp32 or bf16 on the CPU; not causal: short sequences),
@@ -623,33 +655,38 @@ at::Tensor sdpa_float(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // before their product with v), so the results are nearer the exact ones than ATen's bf16
 // (tests/test_kernels.cpp).
 at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
-                         bool is_causal, std::optional<double> scale) {
+                         double dropout_p, bool is_causal, std::optional<double> scale) {
   bool causal = is_causal;
-  if (!sdpa_takes(q, k, v, mask, causal)) return sdpa_aten(q, k, v, mask, is_causal, scale);
+  at::Tensor keep;
+  if (!sdpa_takes(q, k, v, mask, causal) || !sdpa_dropout_mask(q, k, dropout_p, keep))
+    return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale);
   const double s = sdpa_scale(q, scale);
-  if (q.scalar_type() == at::kFloat) return sdpa_float(q, k, v, causal, s);
-  return sdpa_float(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s).to(q.scalar_type());
+  if (q.scalar_type() == at::kFloat) return sdpa_float(q, k, v, causal, s, keep, dropout_p);
+  return sdpa_float(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s, keep, dropout_p)
+      .to(q.scalar_type());
 }
 at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
-                      bool is_causal, std::optional<double> scale) {
+                      double dropout_p, bool is_causal, std::optional<double> scale) {
   bool causal = is_causal;
-  if (!sdpa_takes(q, k, v, mask, causal)) return sdpa_aten(q, k, v, mask, is_causal, scale);
+  at::Tensor keep;
+  if (!sdpa_takes(q, k, v, mask, causal) || !sdpa_dropout_mask(q, k, dropout_p, keep))
+    return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale);
   const double s = sdpa_scale(q, scale);
-  if (q.scalar_type() == at::kFloat) return sdpa_no_grad(q, k, v, causal, s);
-  return sdpa_no_grad(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s).to(q.scalar_type());
+  if (q.scalar_type() == at::kFloat) return sdpa_no_grad(q, k, v, causal, s, keep, dropout_p);
+  return sdpa_no_grad(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s, keep, dropout_p)
+      .to(q.scalar_type());
 }
 
 // aten::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale[, enable_gqa])
-// with no dropout and no GQA broadcast (constants in the graph) becomes mfsdp::sdpa(q, k, v,
-// attn_mask, is_causal, scale); whether a mask is the causal one is known only at run time
-// (sdpa_takes). A dropout that follows the module's training flag (graph_rewrite.h) or enable_gqa
-// keep ATen's call.
+// with no GQA broadcast (a constant in the graph) becomes mfsdp::sdpa(q, k, v, attn_mask,
+// dropout_p, is_causal, scale); whether a mask is the causal one, and the dropout probability (a
+// constant, or one that follows the module's training flag: nanoGPT's `p if self.training else 0`,
+// graph_rewrite.h's p * float(training)), are known only at run time. enable_gqa keeps ATen's call.
 bool replace_sdpa(torch::jit::Node* node) {
   const size_t n = node->inputs().size();
   if ((n != 7 && n != 8) || node->outputs().size() != 1) return false;
   auto constant = [&](size_t i) { return torch::jit::toIValue(node->input(i)); };
-  auto dropout = constant(4);
-  if (!dropout || !dropout->isDouble() || dropout->toDouble() != 0.0) return false;
+  if (!node->input(4)->type()->isSubtypeOf(*c10::FloatType::get())) return false;
   if (n == 8) {
     auto gqa = constant(7);
     if (!gqa || !gqa->isBool() || gqa->toBool()) return false;
@@ -657,8 +694,8 @@ bool replace_sdpa(torch::jit::Node* node) {
   torch::jit::Graph& g = *node->owningGraph();
   torch::jit::WithInsertPoint guard(node);
   torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::sdpa"),
-                                  {node->input(0), node->input(1), node->input(2), node->input(3), node->input(5),
-                                   node->input(6)});
+                                  {node->input(0), node->input(1), node->input(2), node->input(3), node->input(4),
+                                   node->input(5), node->input(6)});
   y->setType(node->output()->type());
   node->output()->replaceAllUsesWith(y);
   node->destroy();
@@ -1036,9 +1073,10 @@ int use_fast_rotary(torch::jit::Module& root) { return rewrite_nodes(root, {c10:
 
 std::string describe_fast_attention() {
   const int64_t ours = sdpa_kernel_calls.load(), masked = sdpa_mask_calls.load(), aten = sdpa_aten_calls.load();
+  const int64_t dropped = sdpa_dropout_calls.load();
   return fmt::format("mfsdp's CPU attention: {} of {} calls ran its kernel ({} of them with an explicit causal "
-                     "mask){}",
-                     ours, ours + aten, masked,
+                     "mask, {} with dropout){}",
+                     ours, ours + aten, masked, dropped,
                      aten ? "; the others ATen's SDPA (not fp32 nor bf16, more than 256 keys and not causal, k/v "
                             "with fewer heads, or a mask other than the causal one)"
                           : "");
@@ -1048,8 +1086,8 @@ int use_fast_attention(torch::jit::Module& root) {
   return rewrite_nodes(root, {c10::aten::scaled_dot_product_attention}, replace_sdpa);
 }
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                bool causal, std::optional<double> scale) {
-  return sdpa_autograd(q, k, v, mask, causal, scale);
+                double dropout_p, bool causal, std::optional<double> scale) {
+  return sdpa_autograd(q, k, v, mask, dropout_p, causal, scale);
 }
 
 at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) { return silu_mul_autograd(a, b); }
@@ -1066,7 +1104,7 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight, float? eps) -> Tensor");
   m.def("silu_mul(Tensor a, Tensor b) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, int dim, int split, int cat_dim) -> Tensor");
-  m.def("sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, bool is_causal, float? scale) -> Tensor");
+  m.def("sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, float dropout_p, bool is_causal, float? scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {

@@ -3,7 +3,7 @@
 // its tanh form. mfsdp::rms_scale(Tensor x, float eps): RMSNorm's scaling; mfsdp::rms_norm(x, shape,
 // weight, eps): aten::rms_norm through that kernel. mfsdp::silu_mul(a, b):
 // SwiGLU's silu(a) * b. mfsdp::rotary(x, cos, sin, ...): the rotary embedding (rotate-half form).
-// mfsdp::sdpa(q, k, v, mask, is_causal, scale): scaled dot-product attention.
+// mfsdp::sdpa(q, k, v, mask, dropout_p, is_causal, scale): scaled dot-product attention.
 // DESIGN.md section 7 ("CPU kernels of mfsdp's own").
 #pragma once
 #include <torch/csrc/jit/api/module.h>
@@ -41,14 +41,16 @@ int use_fast_rotary(torch::jit::Module& root);
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
                   int64_t cat_dim);
 
-// Replaces scaled_dot_product_attention(q, k, v, mask) without dropout or enable_gqa (causal or
-// not, any scale) by mfsdp::sdpa(q, k, v, mask, is_causal, scale): on fp32 CPU tensors with up to
-// kCpuAttentionMaxKeys keys and no mask or exactly the causal one (is_causal_mask), mfsdp's
-// attention (model/cpu_attention.h); elsewhere ATen's call as the graph made it. CPU runs only;
-// after context parallelism has replaced the calls it splits. Returns the number replaced.
+// Replaces scaled_dot_product_attention(q, k, v, mask, dropout_p) without enable_gqa (causal or
+// not, any scale, dropout constant or not) by mfsdp::sdpa(q, k, v, mask, dropout_p, is_causal,
+// scale): on fp32 or bf16 CPU tensors the kernel takes (cpu_attention_takes) with no mask or
+// exactly the causal one (is_causal_mask), mfsdp's attention (model/cpu_attention.h), its dropout
+// mask drawn as ATen's math attention draws it (fast_dropout.h; where that cannot be replicated,
+// a call with dropout is ATen's); elsewhere ATen's call as the graph made it. CPU runs only; after
+// context parallelism has replaced the calls it splits. Returns the number replaced.
 int use_fast_attention(torch::jit::Module& root);
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                bool causal, std::optional<double> scale);
+                double dropout_p, bool causal, std::optional<double> scale);
 // "mfsdp's CPU attention: N of M calls ran its kernel (...)": mfsdp::sdpa's calls in this process so far.
 std::string describe_fast_attention();
 

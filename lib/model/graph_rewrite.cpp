@@ -131,23 +131,32 @@ bool constant_equals_true(const torch::jit::Value* v) {
   return c && c->isBool() && c->toBool();
 }
 
-void collect(torch::jit::Block* block, const std::set<c10::Symbol>& kinds, std::vector<torch::jit::Node*>& out) {
+// `functions`, when given: also the graphs of the functions called (prim::CallFunction), each once.
+void collect(torch::jit::Block* block, const std::set<c10::Symbol>& kinds, std::vector<torch::jit::Node*>& out,
+             std::set<const torch::jit::Graph*>* functions) {
   for (torch::jit::Node* node : block->nodes()) {
-    for (auto* sub : node->blocks()) collect(sub, kinds, out);
+    for (auto* sub : node->blocks()) collect(sub, kinds, out, functions);
     if (kinds.count(node->kind())) out.push_back(node);
+    if (!functions || node->kind() != c10::prim::CallFunction) continue;
+    auto ft = node->input(0)->type()->cast<c10::FunctionType>();
+    if (!ft || !ft->function() || !ft->function()->isGraphFunction()) continue;
+    std::shared_ptr<torch::jit::Graph> g = torch::jit::toGraphFunction(*ft->function()).graph();
+    if (functions->insert(g.get()).second) collect(g->block(), kinds, out, functions);
   }
 }
 
 }  // namespace
 
 int rewrite_nodes(torch::jit::Module& root, const std::set<c10::Symbol>& kinds,
-                  const std::function<bool(torch::jit::Node*)>& f) {
+                  const std::function<bool(torch::jit::Node*)>& f, bool into_functions) {
   std::set<const c10::ClassType*> seen;
+  std::set<const torch::jit::Graph*> functions;
   std::vector<torch::jit::Node*> nodes;
   for (const auto& m : root.modules()) {
     if (!seen.insert(m.type().get()).second) continue;
     for (const auto& method : m.get_methods())
-      collect(torch::jit::toGraphFunction(method.function()).graph()->block(), kinds, nodes);
+      collect(torch::jit::toGraphFunction(method.function()).graph()->block(), kinds, nodes,
+              into_functions ? &functions : nullptr);
   }
   int rewritten = 0;
   for (torch::jit::Node* node : nodes) rewritten += f(node) ? 1 : 0;

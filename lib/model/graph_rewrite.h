@@ -20,11 +20,13 @@ int instrument_units(Model& model, bool checkpoint_activations);
 int unit_index(const torch::jit::Module& m);
 
 // Calls f on every node of one of `kinds` in the module tree's method graphs (nested blocks too),
-// once per TorchScript type (instances of one type share its graphs). The nodes are collected
-// before the first call, so f may destroy its node and nodes of other kinds. Returns how many
-// calls returned true.
+// once per TorchScript type (instances of one type share its graphs); with `into_functions` also in
+// the graphs of the functions they call (prim::CallFunction: a scripted module calls
+// torch.nn.functional's Python functions, nn.Dropout's F.dropout among them, as functions of the
+// file's compilation unit), each once. The nodes are collected before the first call, so f may
+// destroy its node and nodes of other kinds. Returns how many calls returned true.
 int rewrite_nodes(torch::jit::Module& root, const std::set<c10::Symbol>& kinds,
-                  const std::function<bool(torch::jit::Node*)>& f);
+                  const std::function<bool(torch::jit::Node*)>& f, bool into_functions = false);
 
 // A trace records dropout in the mode it was traced in: aten::dropout(x, p, true) of a model traced
 // in training keeps dropping in evaluation, and sdpa's dropout_p is a constant. Makes every such

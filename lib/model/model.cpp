@@ -10,6 +10,7 @@
 #include <set>
 
 #include "model/cpu_attention.h"
+#include "model/fast_dropout.h"
 #include "model/fast_ops.h"
 #include "model/graph_rewrite.h"
 #include "model/skeleton_load.h"
@@ -170,11 +171,13 @@ std::string Model::use_fast_kernels() {
   const int rms = off("MFSDP_FAST_RMSNORM") ? 0 : use_fast_rms_norm(module_) + use_fast_rms_norm_op(module_);
   const int swiglu = off("MFSDP_FAST_SWIGLU") ? 0 : use_fast_swiglu(module_);
   const int rotary = off("MFSDP_FAST_ROTARY") ? 0 : use_fast_rotary(module_);
-  if (gelu + rms + swiglu + rotary == 0) return "";
+  // Dropout's masks drawn by mfsdp: ATen's numbers, without its per-element cost (fast_dropout.h).
+  const int dropout = off("MFSDP_FAST_DROPOUT") ? 0 : use_fast_dropout(module_);
+  if (gelu + rms + swiglu + rotary + dropout == 0) return "";
   return fmt::format(
       "mfsdp's CPU kernels: {} GELU (tanh) call(s), {} RMSNorm scaling(s), {} SwiGLU gate(s), {} rotary "
-      "embedding(s)",
-      gelu, rms, swiglu, rotary);
+      "embedding(s), {} dropout(s)",
+      gelu, rms, swiglu, rotary, dropout);
 }
 
 std::string Model::use_fast_attention(bool& in_use) {
