@@ -245,3 +245,32 @@ TEST_CASE("Attention dropout: mfsdp's kernel draws ATen's masks; outputs and gra
   }
   if (!cpu_bernoulli_replicable()) WARN("attention with dropout ran ATen's attention on this CPU (MKL's draws)");
 }
+
+// nanoGPT's spelling: the probability is `p if self.training else 0.0`, a value of the graph, not a
+// constant. The rewrite takes it; training draws ATen's masks, evaluation runs without dropout.
+TEST_CASE("Attention dropout: a dropout_p that follows self.training is taken, and follows it") {
+  torch::jit::Module m("m");
+  m.register_attribute("training", c10::BoolType::get(), true);
+  m.register_attribute("p", c10::FloatType::get(), 0.2);
+  m.define(R"(
+    def forward(self, q, k, v):
+        return torch.scaled_dot_product_attention(q, k, v, None, self.p if self.training else 0.0, True)
+  )");
+  at::manual_seed(41);
+  at::Tensor q = heads(2, 3, 40, 16, at::kFloat), k = heads(2, 3, 40, 16, at::kFloat),
+             v = heads(2, 3, 40, 16, at::kFloat);
+  m.train();
+  const at::Tensor before = rng_state();
+  at::Tensor want = m.forward({q, k, v}).toTensor();
+  const at::Tensor after = rng_state();
+  REQUIRE(use_fast_attention(m) == 1);
+  CHECK(m.get_method("forward").graph()->toString().find("mfsdp::sdpa") != std::string::npos);
+  set_rng_state(before);
+  at::Tensor got = m.forward({q, k, v}).toTensor();
+  CHECK(at::equal(rng_state(), after));
+  CHECK(((got - want).abs().max() / want.abs().max()).item<double>() < 2e-5);
+  m.eval();
+  at::Tensor plain = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, true);
+  CHECK(((m.forward({q, k, v}).toTensor() - plain).abs().max() / plain.abs().max()).item<double>() < 2e-5);
+  CHECK(at::equal(rng_state(), after));  // nothing drawn in evaluation
+}
