@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "model/fast_dropout.h"
 #include "model/fast_ops.h"
 
 namespace {
@@ -82,6 +83,26 @@ int main(int argc, char** argv) {
   rows.push_back({"RMS scaling x rsqrt(mean(x^2) + eps), [8, 128, 256], fp32",
                   [=] { torch::autograd::grad({h * at::rsqrt(h.pow(2).mean({-1}, true) + 1e-6)}, {h}, {gh}); },
                   [=] { torch::autograd::grad({mfsdp::rms_scale(h, 1e-6)}, {h}, {gh}); }});
+  // Dropout 0.2 on a nanoGPT residual, [8, 256, 384] (model/fast_dropout.h: ATen's masks, drawn by
+  // mfsdp where ATen draws element by element; on Intel CPUs both sides are ATen's), and causal
+  // attention with dropout 0.2 at nanoGPT's [8, 6, 256, 64] (ATen: its math attention).
+  at::Tensor dx = at::randn({8, 256, 384}).requires_grad_(true), gdx = at::randn({8, 256, 384});
+  rows.push_back({"dropout 0.2, [8, 256, 384], fp32",
+                  [=] { torch::autograd::grad({at::dropout(dx, 0.2, true)}, {dx}, {gdx}); },
+                  [=] { torch::autograd::grad({mfsdp::dropout(dx, 0.2, true)}, {dx}, {gdx}); }});
+  {
+    auto qkv = [] { return at::randn({8, 256, 6, 64}).transpose(1, 2).detach().requires_grad_(true); };
+    at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({8, 6, 256, 64});
+    rows.push_back({"causal attention, dropout 0.2, [8, 6, 256, 64], fp32",
+                    [=] {
+                      at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.2, true);
+                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
+                    },
+                    [=] {
+                      at::Tensor o = mfsdp::sdpa(aq, ak, av, std::nullopt, 0.2, true, std::nullopt);
+                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
+                    }});
+  }
   // Causal attention on q, k, v [B, 4, T, 64] as attention makes them (transposed views), 1024
   // tokens per call up to 1024 per sequence (the bench's 8 x 128; 4 x 256, the longest with the
   // probabilities kept; 512 and 1024 with them recomputed), then one sequence of 2048; in fp32, and
