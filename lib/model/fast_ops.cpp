@@ -560,14 +560,16 @@ std::atomic<int64_t> sdpa_kernel_calls{0}, sdpa_mask_calls{0}, sdpa_aten_calls{0
 
 // The dropout mask of a call the kernel takes, [B, H, Tq, Tk] bytes drawn as ATen's math attention
 // draws its noise over the probabilities (one bernoulli_(1 - p) over that contiguous tensor, from
-// the default generator): so a run's masks are those PyTorch's own attention would draw. Undefined
-// when there is no dropout; false when ATen must run the call (fast_dropout.h: on Intel CPUs ATen
-// draws with MKL; p of 1 or more).
+// the default generator): so a run's masks are those PyTorch's own attention would draw. mfsdp's
+// draws where they replicate ATen's (fast_dropout.h), else ATen's bernoulli_ on the bytes
+// themselves: both of ATen's kernels (per element, and MKL's on Intel CPUs) draw the same numbers
+// whatever the tensor's dtype. Undefined when there is no dropout; false (ATen runs the call) for p
+// of 1 or more.
 bool sdpa_dropout_mask(const at::Tensor& q, const at::Tensor& k, double p, at::Tensor& keep) {
   if (!(p > 0.0)) return true;
   if (!(p < 1.0)) return false;
   keep = at::empty({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options().dtype(at::kByte));
-  if (!draw_bernoulli_keep(1.0 - p, keep.mutable_data_ptr<uint8_t>(), keep.numel())) return false;
+  if (!draw_bernoulli_keep(1.0 - p, keep.mutable_data_ptr<uint8_t>(), keep.numel())) keep.bernoulli_(1.0 - p);
   sdpa_dropout_calls.fetch_add(1, std::memory_order_relaxed);
   return true;
 }

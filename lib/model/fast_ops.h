@@ -45,8 +45,8 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 // not, any scale, dropout constant or not) by mfsdp::sdpa(q, k, v, mask, dropout_p, is_causal,
 // scale): on fp32 or bf16 CPU tensors the kernel takes (cpu_attention_takes) with no mask or
 // exactly the causal one (is_causal_mask), mfsdp's attention (model/cpu_attention.h), its dropout
-// mask drawn as ATen's math attention draws it (fast_dropout.h; where that cannot be replicated,
-// a call with dropout is ATen's); elsewhere ATen's call as the graph made it. CPU runs only; after
+// mask the numbers ATen's math attention draws (fast_dropout.h's draws, or ATen's bernoulli_ where
+// those do not replicate it); elsewhere ATen's call as the graph made it. CPU runs only; after
 // context parallelism has replaced the calls it splits. Returns the number replaced.
 int use_fast_attention(torch::jit::Module& root);
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
