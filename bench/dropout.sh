@@ -6,6 +6,7 @@
 #   mfsdp                 its dropout and attention (model/fast_dropout.h, model/cpu_attention.h)
 #   mfsdp, ATen's         MFSDP_FAST_DROPOUT=off MFSDP_FAST_ATTENTION=off: ATen's dropout and SDPA
 #   PyTorch eager         the same model, same initial weights and windows (bench/nanogpt.py step)
+#   torch.compile         the same, its forward and backward through Inductor (first round only)
 # Median step time of steps 6-STEPS. Writes bench/results_dropout.md. Needs the demo's data.
 #   bench/dropout.sh [ROUNDS] [STEPS]
 set -euo pipefail
@@ -31,8 +32,9 @@ mfsdp_ms() {  # name threads p [env...] -> median ms
   python3 -c "import json,statistics,sys; t=[json.loads(l)['step_time_s'] for l in open(sys.argv[1])][5:]; print(f'{1000*statistics.median(t):.1f}')" \
     "$W/$name/metrics.jsonl"
 }
-eager_ms() {  # threads p -> median ms
-  "$PY" bench/nanogpt.py step --data "$DATA" --dropout $2 --threads $1 --steps "$STEPS" | awk '{print $2}'
+eager_ms() {  # threads p [--compile] -> median ms
+  "$PY" bench/nanogpt.py step --data "$DATA" --dropout $2 --threads $1 --steps "$STEPS" ${3:-} 2> /dev/null |
+    awk '/median_ms/ {print $2}'
 }
 rows=()
 for p in 0.2 0.0; do
@@ -41,7 +43,12 @@ for p in 0.2 0.0; do
       ours=$(mfsdp_ms ours_${p}_${th}_$r $th $p)
       aten=$(mfsdp_ms aten_${p}_${th}_$r $th $p MFSDP_FAST_DROPOUT=off MFSDP_FAST_ATTENTION=off)
       eager=$(eager_ms $th $p)
-      rows+=("| $p | $th | $r | $ours | $aten | $eager | $(python3 -c "print(f'{$ours / $eager:.2f}')") | $(python3 -c "print(f'{$aten / $eager:.2f}')") |")
+      compiled=-; vs_compiled=-
+      if [ "$r" = 1 ]; then
+        compiled=$(eager_ms $th $p --compile)
+        vs_compiled=$(python3 -c "print(f'{$ours / $compiled:.2f}')")
+      fi
+      rows+=("| $p | $th | $r | $ours | $aten | $eager | $compiled | $(python3 -c "print(f'{$ours / $eager:.2f}')") | $(python3 -c "print(f'{$aten / $eager:.2f}')") | $vs_compiled |")
       echo "${rows[-1]}"
     done
   done
@@ -54,12 +61,13 @@ attn=$(grep -o "mfsdp's CPU attention: [0-9]* of .*" "$W/ours_0.2_${THREADS%% *}
   echo "Written by bench/dropout.sh $ROUNDS $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), commit $(git rev-parse --short HEAD), PyTorch $("$PY" -c 'import torch; print(torch.__version__)')."
   echo "bench/nanogpt.py: 6 layers x 384, 6 heads, block 256, vocab 264, exact GELU, tied head; dropout p on the"
   echo "embeddings, the attention probabilities (SDPA's \`dropout_p=p if self.training else 0\`) and both residuals."
-  echo "Micro-batch 8 x 256 tokens, AdamW, one process, median step time (ms) of steps 6-$STEPS; the three alternate."
+  echo "Micro-batch 8 x 256 tokens, AdamW, one process, median step time (ms) of steps 6-$STEPS; the runs alternate;"
+  echo "torch.compile (Inductor, the optimizer eager; compilation in the first steps, outside the median) in the first round."
   echo "\"ATen's\": mfsdp with MFSDP_FAST_DROPOUT=off MFSDP_FAST_ATTENTION=off. mfsdp's start-up lines (p 0.2):"
   echo "\`$kernels\`; \`$attn\`."
   echo
-  echo "| dropout | threads | round | mfsdp | mfsdp, ATen's dropout and attention | PyTorch eager | mfsdp / eager | ATen's / eager |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| dropout | threads | round | mfsdp | mfsdp, ATen's dropout and attention | PyTorch eager | torch.compile | mfsdp / eager | ATen's / eager | mfsdp / compile |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } > "$OUT"
 echo "wrote $OUT"

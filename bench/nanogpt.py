@@ -8,7 +8,7 @@ dropout through nn.Dropout (a function call in the saved script). The attention 
 its own, as mfsdp's contract asks (README, "Exporting a model").
 
     nanogpt.py export --out F [--layers 6 --d-model 384 --heads 6 --vocab 264 --block 256 --dropout 0.2]
-    nanogpt.py step --data PREFIX --micro 8 --seq 256 --steps 15 --threads 1 [same model flags] [--bf16]
+    nanogpt.py step --data PREFIX --micro 8 --seq 256 --steps 15 --threads 1 [same model flags] [--bf16] [--compile]
 The second trains the same model (same seed, so the same initial weights) in PyTorch eager with
 AdamW on the same windows as bench/pytorch_step.py and prints "median_ms X" (steps 6 on).
 """
@@ -107,6 +107,8 @@ def step_times(a) -> float:
     torch.set_num_threads(a.threads)
     model = build(a)
     model.train()
+    if a.compile:  # the model's forward and backward through Inductor, the optimizer eager
+        model = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.01)
     data = np.memmap(a.data + ".bin", dtype=np.uint16, mode="r")
     pos = torch.arange(a.seq).unsqueeze(0).expand(a.micro, a.seq)
@@ -143,6 +145,7 @@ def main():
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
     a = ap.parse_args()
     if a.mode == "export":
         torch.jit.script(build(a)).save(a.out)
