@@ -1085,7 +1085,9 @@ std::string describe_fast_attention() {
 }
 
 int use_fast_attention(torch::jit::Module& root) {
-  return rewrite_nodes(root, {c10::aten::scaled_dot_product_attention}, replace_sdpa);
+  // Into called functions too: nn.MultiheadAttention (nn.TransformerEncoderLayer's) calls SDPA
+  // inside torch.nn.functional's multi_head_attention_forward, a function of the saved file.
+  return rewrite_nodes(root, {c10::aten::scaled_dot_product_attention}, replace_sdpa, /*into_functions=*/true);
 }
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
                 double dropout_p, bool causal, std::optional<double> scale) {

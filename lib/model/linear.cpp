@@ -117,7 +117,11 @@ bool replace_linear(torch::jit::Node* node) {
 
 void set_grad_sink(GradSink* sink) { g_sink.store(sink); }
 
-int use_sink_linear(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::linear}, replace_linear); }
+// Into called functions too: nn.MultiheadAttention's projections are linear calls inside
+// torch.nn.functional's multi_head_attention_forward (the sink finds a parameter by identity).
+int use_sink_linear(torch::jit::Module& root) {
+  return rewrite_nodes(root, {c10::aten::linear}, replace_linear, /*into_functions=*/true);
+}
 
 }  // namespace mfsdp
 

@@ -68,6 +68,22 @@ mfsdp_oracle(loss_mask_and_decay RUNS eod_np1 eod_s3_n4 eod_s0_n2_mean eod_np1_m
 # grads_bf16_s1_n2: bf16 gradient buffers (no grad_reduce_in_fp32), written by the products.
 mfsdp_oracle(bf16 RUNS bf16_np1 bf16_dp2 fsdp_bf16_s3_n4_ovon_dbon fsdp_bf16_s1_n2_ovon_dboff bf16_tp2_s3_n4 bf16_cp2_s3
              grads_bf16_s1_n2 ARGS --bf16-rtol 1e-2)
+# torch.nn's own layers (tests/train/torch_layers_model.py): nn.MultiheadAttention's projections and
+# SDPA call are inside torch.nn.functional's multi_head_attention_forward, a function of the file;
+# mfsdp's linear (gradients into the buckets), attention and dropout rewrites follow the calls into
+# it. With dropout 0.1 (attention probabilities, residuals, feed-forward) the masks must be
+# PyTorch's: mfsdp draws them itself (model/fast_dropout.h) where ATen draws element by element.
+mfsdp_train_run(torch_layers_np1 1 model.path=${FX}/torch_layers.pt)
+mfsdp_train_run(torch_layers_s3_n2 2 model.path=${FX}/torch_layers.pt distributed.zero_dp_strategy=3)
+mfsdp_train_run(torch_layers_dropout_np1 1 model.path=${FX}/torch_layers_dropout.pt)
+mfsdp_train_run(torch_layers_dropout_s3_n2 2 model.path=${FX}/torch_layers_dropout.pt distributed.zero_dp_strategy=3)
+mfsdp_oracle(torch_layers RUNS torch_layers_np1 torch_layers_s3_n2 torch_layers_dropout_np1 torch_layers_dropout_s3_n2)
+add_test(NAME torch_layers_kernels_line
+         COMMAND ${EXPECT} 0 "products of 15 linear call site\\(s\\) write theirs into the buckets.*mfsdp's CPU attention: ([1-9][0-9]*) of \\1 calls ran its kernel \\(0 of them with an explicit causal mask, [1-9][0-9]* with dropout\\)" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/torch_layers_dropout.pt run_dir=${FX}/torch_layers_line
+                 training.max_steps=2)
+set_tests_properties(torch_layers_kernels_line PROPERTIES FIXTURES_REQUIRED train TIMEOUT 120)
+
 # bf16 on tests/train/titan_model.py (an N(0, 1) embedding table, a complex rotary buffer that
 # stays complex64), at a rate small against a bf16 step of its weights (1e-4, constant): the main
 # weights must start as the file's fp32 values. Started from their bf16 rounding (as before

@@ -30,6 +30,10 @@ py "$here/tests/train/foreign_model.py" "$out/foreign_hf.pt" --hf  # body under 
 py "$here/tests/train/foreign_model.py" "$out/foreign_buf.pt" --pos-buffer  # a 128 KiB buffer, + foreign_buf.safetensors
 # torchtitan's way of writing a Llama (a complex rotary buffer, nn.RMSNorm, default initialisation).
 py "$here/tests/train/titan_model.py" "$out/titan.pt"
+# torch.nn's own layers (nn.TransformerEncoderLayer: nn.MultiheadAttention's functional path), with
+# and without its dropout (attention, residual, feed-forward).
+py "$here/tests/train/torch_layers_model.py" "$out/torch_layers.pt"
+py "$here/tests/train/torch_layers_model.py" "$out/torch_layers_dropout.pt" --dropout 0.1
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
