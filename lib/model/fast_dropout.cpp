@@ -104,14 +104,7 @@ at::Tensor dropout_plain(const at::Tensor& x, double p, bool train) {
 
 bool replace_dropout(torch::jit::Node* node) {
   if (node->inputs().size() != 3 || node->outputs().size() != 1) return false;
-  torch::jit::Graph& g = *node->owningGraph();
-  torch::jit::WithInsertPoint guard(node);
-  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::dropout"),
-                                  {node->input(0), node->input(1), node->input(2)});
-  y->setType(node->output()->type());
-  node->output()->replaceAllUsesWith(y);
-  node->destroy();
-  return true;
+  return replace_node_by(node, "mfsdp::dropout", {node->input(0), node->input(1), node->input(2)});
 }
 
 }  // namespace

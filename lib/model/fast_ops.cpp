@@ -272,13 +272,7 @@ bool replace_rms_norm(torch::jit::Node* node) {
   if (!shape || shape->size() != 1) return false;  // one normalised dimension, known now
   auto eps = torch::jit::toIValue(args[3]);
   if (!eps || !(eps->isNone() || eps->isDouble())) return false;
-  torch::jit::Graph& g = *node->owningGraph();
-  torch::jit::WithInsertPoint guard(node);
-  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::rms_norm"), {args[0], args[1], args[2], args[3]});
-  y->setType(node->output()->type());
-  node->output()->replaceAllUsesWith(y);
-  node->destroy();
-  return true;
+  return replace_node_by(node, "mfsdp::rms_norm", {args[0], args[1], args[2], args[3]});
 }
 
 bool near(std::optional<double> v, double want) { return v && std::fabs(*v - want) <= 1e-6 * std::fabs(want); }
@@ -345,13 +339,7 @@ bool replace_gelu(torch::jit::Node* node) {
   if (node->inputs().size() != 2 || node->outputs().size() != 1) return false;
   auto how = torch::jit::toIValue(node->input(1));
   if (!how || !how->isString() || how->toStringRef() != "tanh") return false;
-  torch::jit::Graph& g = *node->owningGraph();
-  torch::jit::WithInsertPoint guard(node);
-  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::gelu_tanh"), {node->input(0)});
-  y->setType(node->output()->type());
-  node->output()->replaceAllUsesWith(y);
-  node->destroy();
-  return true;
+  return replace_node_by(node, "mfsdp::gelu_tanh", {node->input(0)});
 }
 
 // ---- SwiGLU: silu(a) * b ------------------------------------------------------------------------
@@ -693,15 +681,9 @@ bool replace_sdpa(torch::jit::Node* node) {
     auto gqa = constant(7);
     if (!gqa || !gqa->isBool() || gqa->toBool()) return false;
   }
-  torch::jit::Graph& g = *node->owningGraph();
-  torch::jit::WithInsertPoint guard(node);
-  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::sdpa"),
-                                  {node->input(0), node->input(1), node->input(2), node->input(3), node->input(4),
-                                   node->input(5), node->input(6)});
-  y->setType(node->output()->type());
-  node->output()->replaceAllUsesWith(y);
-  node->destroy();
-  return true;
+  return replace_node_by(node, "mfsdp::sdpa",
+                         {node->input(0), node->input(1), node->input(2), node->input(3), node->input(4), node->input(5),
+                          node->input(6)});
 }
 
 // ---- graph matching for the two ----------------------------------------------------------------

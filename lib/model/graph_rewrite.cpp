@@ -163,6 +163,16 @@ int rewrite_nodes(torch::jit::Module& root, const std::set<c10::Symbol>& kinds,
   return rewritten;
 }
 
+bool replace_node_by(torch::jit::Node* node, const char* op, const std::vector<torch::jit::Value*>& args) {
+  torch::jit::Graph& g = *node->owningGraph();
+  torch::jit::WithInsertPoint guard(node);
+  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString(op), std::vector<torch::jit::NamedValue>(args.begin(), args.end()));
+  y->setType(node->output()->type());
+  node->output()->replaceAllUsesWith(y);
+  node->destroy();
+  return true;
+}
+
 int dropout_follows_mode(torch::jit::Module& root) {
   static const std::set<c10::Symbol> kDropouts = {
       c10::aten::dropout, c10::aten::dropout_, c10::aten::feature_dropout, c10::aten::feature_dropout_,

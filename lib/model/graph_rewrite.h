@@ -53,6 +53,11 @@ TracedRepeats unify_traced_repeats(torch::jit::Module& root);
 // "path.forwardN" as {module path ("" for the root), method name}.
 std::pair<std::string, std::string> split_traced_repeat(const std::string& repeat);
 
+// Replaces `node` (one output) by a call of `op` ("mfsdp::linear") on `args`, inserted where the
+// node was, its output typed as the node's, and destroys the node. Returns true (a rewriter's
+// "replaced").
+bool replace_node_by(torch::jit::Node* node, const char* op, const std::vector<torch::jit::Value*>& args);
+
 // Whether a graph value is a Tensor (not a list, tuple, scalar or module).
 bool is_tensor_value(const torch::jit::Value* v);
 

@@ -103,14 +103,7 @@ at::Tensor linear_plain(const at::Tensor& x, const at::Tensor& w, const std::opt
 
 bool replace_linear(torch::jit::Node* node) {
   if (node->inputs().size() != 3 || node->outputs().size() != 1) return false;
-  torch::jit::Graph& g = *node->owningGraph();
-  torch::jit::WithInsertPoint guard(node);
-  torch::jit::Value* y = g.insert(c10::Symbol::fromQualString("mfsdp::linear"),
-                                  {node->input(0), node->input(1), node->input(2)});
-  y->setType(node->output()->type());
-  node->output()->replaceAllUsesWith(y);
-  node->destroy();
-  return true;
+  return replace_node_by(node, "mfsdp::linear", {node->input(0), node->input(1), node->input(2)});
 }
 
 }  // namespace
