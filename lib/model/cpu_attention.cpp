@@ -214,6 +214,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
       float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, h), *dV = rows_of(x.dv, b, h);
       const float* P = probs.const_data_ptr<float>() + bh * x.Tq * x.Tk;
       // With dropout o = A v with A = P D (D the mask times its scale): dV takes A, and dP = dA D.
+      // A causal row writes its first r + 1 entries only: above the diagonal `dropped` keeps the
+      // zeros it was made with, as P has there.
       const float* A = P;
       if (drop) {
         for (int64_t r = 0; r < x.Tq; ++r)
