@@ -15,8 +15,8 @@ namespace mfsdp {
 // ATen draws its noise: model/fast_dropout.h), kept probabilities times `scale` (1 / (1 - p)). The
 // probabilities kept for the backward stay undropped; the backward applies the mask again.
 struct AttentionDropout {
-  const uint8_t* keep;
-  float scale;
+  const uint8_t* keep = nullptr;
+  float scale = 1.0f;
 };
 
 // Keys per head up to which the kernel keeps the B x H x Tq x Tk probabilities of a call for the

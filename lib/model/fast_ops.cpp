@@ -551,25 +551,32 @@ std::atomic<int64_t> sdpa_kernel_calls{0}, sdpa_mask_calls{0}, sdpa_aten_calls{0
 // the default generator): so a run's masks are those PyTorch's own attention would draw. mfsdp's
 // draws where they replicate ATen's (fast_dropout.h), else ATen's bernoulli_ on the bytes
 // themselves: both of ATen's kernels (per element, and MKL's on Intel CPUs) draw the same numbers
-// whatever the tensor's dtype. Undefined when there is no dropout; false (ATen runs the call) for p
-// of 1 or more.
-bool sdpa_dropout_mask(const at::Tensor& q, const at::Tensor& k, double p, at::Tensor& keep) {
-  if (!(p > 0.0)) return true;
-  if (!(p < 1.0)) return false;
-  keep = at::empty({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options().dtype(at::kByte));
+// whatever the tensor's dtype. Undefined when there is no dropout (p below 1: sdpa_takes).
+at::Tensor sdpa_dropout_mask(const at::Tensor& q, const at::Tensor& k, double p) {
+  if (!(p > 0.0)) return {};
+  at::Tensor keep = at::empty({q.size(0), q.size(1), q.size(2), k.size(2)}, q.options().dtype(at::kByte));
   if (!draw_bernoulli_keep(1.0 - p, keep.mutable_data_ptr<uint8_t>(), keep.numel())) keep.bernoulli_(1.0 - p);
   sdpa_dropout_calls.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  return keep;
+}
+
+// The kernels' view of a call's mask: nullptr without dropout, else `out` filled in. ATen's math
+// attention computes a bf16 call in fp32, so its noise is fp32's 1 / (1 - p) either way.
+const AttentionDropout* attention_dropout(const at::Tensor& keep, double p, AttentionDropout& out) {
+  if (!keep.defined()) return nullptr;
+  out = AttentionDropout{keep.const_data_ptr<uint8_t>(), dropout_scale(at::kFloat, p)};
+  return &out;
 }
 
 // Whether mfsdp's kernel takes the call, and whether as causal: no mask, or a mask that is exactly
 // the causal one (Hugging Face models pass theirs explicitly) with is_causal false (a mask with
-// is_causal set goes to ATen, which decides what the pair means).
-bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask, bool& causal) {
+// is_causal set goes to ATen, which decides what the pair means); dropout below 1.
+bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask, double dropout_p,
+                bool& causal) {
   const bool masked = mask && mask->defined();
   // The cheap checks (dtype, device, shapes, key count) first: the mask's element-by-element
   // check runs only for a call the kernel would otherwise take.
-  bool takes = cpu_attention_takes(q, k, v, causal || masked);
+  bool takes = dropout_p < 1.0 && cpu_attention_takes(q, k, v, causal || masked);
   if (takes && masked) {
     takes = !causal && is_causal_mask(*mask, q.size(-2));
     causal = true;  // what the mask computes, when taken (otherwise ATen's call gets is_causal as given)
@@ -580,16 +587,14 @@ bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
 }
 
 // Up to kCpuAttentionMaxKeys keys the probabilities are kept for the backward; beyond (causal only)
-// one log-sum-exp per query row, and the backward recomputes them.
-// With dropout the mask (keep, bytes) is kept too, and the scale that kept probabilities take: ATen's
-// math attention computes a bf16 call in fp32, so its noise is fp32's 1 / (1 - p) either way.
+// one log-sum-exp per query row, and the backward recomputes them. With dropout the mask (bytes) is
+// kept too.
 struct Sdpa : public torch::autograd::Function<Sdpa> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             bool causal, double scale, std::optional<at::Tensor> keep_mask, double dropout_p) {
     const bool keep = cpu_attention_keeps_probs(k.size(2));
-    const AttentionDropout drop{keep_mask ? keep_mask->const_data_ptr<uint8_t>() : nullptr,
-                                dropout_scale(at::kFloat, dropout_p)};
-    const AttentionDropout* d = keep_mask ? &drop : nullptr;
+    AttentionDropout drop;
+    const AttentionDropout* d = attention_dropout(keep_mask.value_or(at::Tensor()), dropout_p, drop);
     at::Tensor kept;  // the probabilities, or the log-sum-exp of each row
     at::Tensor o = keep ? cpu_attention_forward(q, k, v, causal, scale, &kept, d)
                         : cpu_attention_forward_lse(q, k, v, causal, scale, &kept, d);
@@ -606,9 +611,8 @@ struct Sdpa : public torch::autograd::Function<Sdpa> {
     const bool causal = ctx->saved_data["causal"].toBool();
     const double scale = ctx->saved_data["scale"].toDouble();
     const at::Tensor keep_mask = ctx->saved_data.count("keep_mask") ? ctx->saved_data["keep_mask"].toTensor() : at::Tensor();
-    const AttentionDropout drop{keep_mask.defined() ? keep_mask.const_data_ptr<uint8_t>() : nullptr,
-                                dropout_scale(at::kFloat, ctx->saved_data["dropout_p"].toDouble())};
-    const AttentionDropout* d = keep_mask.defined() ? &drop : nullptr;
+    AttentionDropout drop;
+    const AttentionDropout* d = attention_dropout(keep_mask, ctx->saved_data["dropout_p"].toDouble(), drop);
     const at::Tensor go = g[0].to(at::kFloat);
     auto [dq, dk, dv] =
         ctx->saved_data["keep"].toBool()
@@ -621,9 +625,8 @@ struct Sdpa : public torch::autograd::Function<Sdpa> {
 // Without a gradient to come: nothing is kept.
 at::Tensor sdpa_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale,
                         const at::Tensor& keep_mask, double dropout_p) {
-  const AttentionDropout drop{keep_mask.defined() ? keep_mask.const_data_ptr<uint8_t>() : nullptr,
-                              dropout_scale(at::kFloat, dropout_p)};
-  const AttentionDropout* d = keep_mask.defined() ? &drop : nullptr;
+  AttentionDropout drop;
+  const AttentionDropout* d = attention_dropout(keep_mask, dropout_p, drop);
   return cpu_attention_keeps_probs(k.size(2)) ? cpu_attention_forward(q, k, v, causal, scale, nullptr, d)
                                               : cpu_attention_forward_lse(q, k, v, causal, scale, nullptr, d);
 }
@@ -647,9 +650,8 @@ at::Tensor sdpa_float(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
                          double dropout_p, bool is_causal, std::optional<double> scale) {
   bool causal = is_causal;
-  at::Tensor keep;
-  if (!sdpa_takes(q, k, v, mask, causal) || !sdpa_dropout_mask(q, k, dropout_p, keep))
-    return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale);
+  if (!sdpa_takes(q, k, v, mask, dropout_p, causal)) return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale);
+  const at::Tensor keep = sdpa_dropout_mask(q, k, dropout_p);
   const double s = sdpa_scale(q, scale);
   if (q.scalar_type() == at::kFloat) return sdpa_float(q, k, v, causal, s, keep, dropout_p);
   return sdpa_float(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s, keep, dropout_p)
@@ -658,9 +660,8 @@ at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Ten
 at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
                       double dropout_p, bool is_causal, std::optional<double> scale) {
   bool causal = is_causal;
-  at::Tensor keep;
-  if (!sdpa_takes(q, k, v, mask, causal) || !sdpa_dropout_mask(q, k, dropout_p, keep))
-    return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale);
+  if (!sdpa_takes(q, k, v, mask, dropout_p, causal)) return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale);
+  const at::Tensor keep = sdpa_dropout_mask(q, k, dropout_p);
   const double s = sdpa_scale(q, scale);
   if (q.scalar_type() == at::kFloat) return sdpa_no_grad(q, k, v, causal, s, keep, dropout_p);
   return sdpa_no_grad(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s, keep, dropout_p)
