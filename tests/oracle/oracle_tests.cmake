@@ -83,6 +83,18 @@ add_test(NAME torch_layers_kernels_line
                  ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/torch_layers_dropout.pt run_dir=${FX}/torch_layers_line
                  training.max_steps=2)
 set_tests_properties(torch_layers_kernels_line PROPERTIES FIXTURES_REQUIRED train TIMEOUT 120)
+# nn.Dropout's F.dropout becomes mfsdp::dropout (counted once: one function), and
+# MFSDP_FAST_DROPOUT=off keeps ATen's (no kernels line at all for this model).
+add_test(NAME torch_layers_dropout_line
+         COMMAND ${EXPECT} 0 "mfsdp's CPU kernels: .* 1 dropout\\(s\\)" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/torch_layers_dropout.pt run_dir=${FX}/torch_layers_dline
+                 training.max_steps=1)
+add_test(NAME torch_layers_dropout_line_off
+         COMMAND ${EXPECT} 0 "\\A(?!.*dropout\\(s\\)).*mfsdp's CPU attention: [1-9][0-9]* of" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/torch_layers_dropout.pt run_dir=${FX}/torch_layers_dline_off
+                 training.max_steps=1)
+set_tests_properties(torch_layers_dropout_line_off PROPERTIES ENVIRONMENT MFSDP_FAST_DROPOUT=off)
+set_tests_properties(torch_layers_dropout_line torch_layers_dropout_line_off PROPERTIES FIXTURES_REQUIRED train TIMEOUT 120)
 
 # bf16 on tests/train/titan_model.py (an N(0, 1) embedding table, a complex rotary buffer that
 # stays complex64), at a rate small against a bf16 step of its weights (1e-4, constant): the main
