@@ -18,14 +18,27 @@ std::atomic<UnitHooks*> g_hooks{nullptr};
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Outputs are the inputs themselves (autograd makes them views with this node as grad_fn).
-variable_list pass_through(at::TensorList inputs) { return variable_list(inputs.begin(), inputs.end()); }
+// Outputs are the inputs themselves (autograd makes them views with this node as grad_fn). A
+// custom Function's outputs all require grad once any input does, so an input that needs none
+// (HF's rotary cos/sin tables, passed from layer to layer as position_embeddings; an attention
+// mask) is marked non-differentiable and leaves as it came: otherwise the unit downstream would
+// differentiate with respect to it, ATen's rotary in place of mfsdp's kernel and a reduction per
+// table per layer for a gradient nobody reads. Gradients are not materialised: an output with no
+// gradient passes an undefined one back (a None), not a tensor of zeros.
+variable_list pass_through(AutogradContext* ctx, at::TensorList inputs) {
+  ctx->set_materialize_grads(false);
+  variable_list no_grad;
+  for (const auto& t : inputs)
+    if (t.defined() && !t.requires_grad()) no_grad.push_back(t);
+  if (!no_grad.empty()) ctx->mark_non_differentiable(no_grad);
+  return variable_list(inputs.begin(), inputs.end());
+}
 
 struct PreForward : public torch::autograd::Function<PreForward> {
   static variable_list forward(AutogradContext* ctx, int64_t unit, at::TensorList inputs) {
     ctx->saved_data["unit"] = unit;
     if (auto* h = g_hooks.load()) h->pre_forward(int(unit));
-    return pass_through(inputs);
+    return pass_through(ctx, inputs);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (auto* h = g_hooks.load()) h->post_backward(int(ctx->saved_data["unit"].toInt()));
@@ -40,7 +53,7 @@ struct PostForward : public torch::autograd::Function<PostForward> {
   static variable_list forward(AutogradContext* ctx, int64_t unit, bool follows, at::TensorList outputs) {
     ctx->saved_data["unit"] = unit;
     if (auto* h = g_hooks.load()) h->post_forward(int(unit), follows);
-    return pass_through(outputs);
+    return pass_through(ctx, outputs);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     if (auto* h = g_hooks.load()) h->pre_backward(int(ctx->saved_data["unit"].toInt()));
