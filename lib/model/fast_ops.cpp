@@ -515,17 +515,26 @@ struct Rotary : public torch::autograd::Function<Rotary> {
   }
 };
 
+// mfsdp::rotary's calls in this process: the kernel's, and ATen's for tables that need a gradient
+// or inputs the kernel does not take (describe_fast_rotary).
+std::atomic<int64_t> rotary_kernel_calls{0}, rotary_table_grad_calls{0}, rotary_other_calls{0};
+
 // The kernel when it takes the inputs and the gradient goes to x alone (rotary tables that need a
 // gradient take ATen's ops).
 at::Tensor rotary_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim,
                            int64_t split, int64_t cat_dim) {
   const bool tables_grad = at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad());
-  if (tables_grad || !rotary_ours(x, cos, sin, dim, split, cat_dim)) return rotary_aten(x, cos, sin, dim, split, cat_dim);
+  const bool takes = rotary_ours(x, cos, sin, dim, split, cat_dim);
+  (takes ? tables_grad ? rotary_table_grad_calls : rotary_kernel_calls : rotary_other_calls)
+      .fetch_add(1, std::memory_order_relaxed);
+  if (tables_grad || !takes) return rotary_aten(x, cos, sin, dim, split, cat_dim);
   return Rotary::apply(x, cos, sin);
 }
 at::Tensor rotary_plain(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
                         int64_t cat_dim) {
-  if (!rotary_ours(x, cos, sin, dim, split, cat_dim)) return rotary_aten(x, cos, sin, dim, split, cat_dim);
+  const bool takes = rotary_ours(x, cos, sin, dim, split, cat_dim);
+  (takes ? rotary_kernel_calls : rotary_other_calls).fetch_add(1, std::memory_order_relaxed);
+  if (!takes) return rotary_aten(x, cos, sin, dim, split, cat_dim);
   return rotary_kernel<false>(x, cos, sin);
 }
 
@@ -1055,6 +1064,16 @@ at::Tensor rms_scale(const at::Tensor& x, double eps) { return rms_scale_autogra
 int use_fast_swiglu(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::mul}, replace_silu_mul); }
 
 int use_fast_rotary(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::add}, replace_rotary); }
+
+std::string describe_fast_rotary() {
+  const int64_t ours = rotary_kernel_calls.load(), grad = rotary_table_grad_calls.load();
+  const int64_t other = rotary_other_calls.load();
+  if (ours + grad + other == 0) return "";
+  std::string why;
+  if (grad) why += fmt::format("; {} ATen's: their cos/sin need a gradient", grad);
+  if (other) why += fmt::format("; {} ATen's: a shape, layout or dtype the kernel does not take", other);
+  return fmt::format("mfsdp's rotary embedding: {} of {} calls ran its kernel{}", ours, ours + grad + other, why);
+}
 
 std::string describe_fast_attention() {
   const int64_t ours = sdpa_kernel_calls.load(), masked = sdpa_mask_calls.load(), aten = sdpa_aten_calls.load();

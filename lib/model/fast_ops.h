@@ -40,6 +40,9 @@ int use_fast_rotary(torch::jit::Module& root);
 // split: >= 0 a constant, -1 size(x, dim) // 2, -2 x.chunk(2, dim)'s.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, int64_t dim, int64_t split,
                   int64_t cat_dim);
+// "mfsdp's rotary embedding: N of M calls ran its kernel; ...": mfsdp::rotary's calls in this process
+// so far, and why the others ran ATen's ops; empty when there were none.
+std::string describe_fast_rotary();
 
 // Replaces scaled_dot_product_attention(q, k, v, mask, dropout_p) without enable_gqa (causal or
 // not, any scale, dropout constant or not) by mfsdp::sdpa(q, k, v, mask, dropout_p, is_causal,

@@ -38,6 +38,24 @@ at::Tensor param_grad(int64_t pi, Write product, Fresh fresh) {
   return at::Tensor();
 }
 
+// The bias gradient, dy's column sums (dy [rows, out]), into the sink's buffer or a tensor of its own:
+// on fp32 CPU tensors as BLAS's matrix-vector product dy^T 1 (MKL's sgemv streams dy's rows once;
+// ATen's sum over dim 0 took 2.6x its time on a [1024, 1024] dy, bench/results_grads_into_buckets.md),
+// elsewhere ATen's sum.
+at::Tensor bias_grad(int64_t sink, const at::Tensor& dy) {
+  const bool gemv = dy.is_cpu() && dy.scalar_type() == at::kFloat;
+  const at::Tensor ones = gemv ? at::ones({dy.size(0)}, dy.options()) : at::Tensor();
+  return param_grad(
+      sink,
+      [&](at::Tensor& dst, bool accumulate) {
+        if (gemv && accumulate) dst.addmv_(dy.t(), ones);
+        else if (gemv) at::mv_out(dst, dy.t(), ones);
+        else if (accumulate) dst.add_(dy.sum(0));
+        else at::sum_out(dst, dy, {0});
+      },
+      [&] { return gemv ? at::mv(dy.t(), ones) : dy.sum(0); });
+}
+
 // y = x w^T + b. The forward is ATen's own call; the backward is the products ATen's would run
 // (AddmmBackward / MmBackward): dx = dy w, dw = dy^T x (in w's row-major layout), db = sum of dy's
 // rows. Inputs of any rank: the leading dimensions of x and dy fold into rows.
@@ -68,23 +86,39 @@ struct Linear : public torch::autograd::Function<Linear> {
           },
           [&] { return dy.t().mm(x2); });
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) {
-      // The bias gradient, dy's column sums: on fp32 CPU tensors as BLAS's matrix-vector product
-      // dy^T 1 (MKL's sgemv streams dy's rows once; ATen's sum over dim 0 took 2.6x its time on a
-      // [1024, 1024] dy, bench/results_grads_into_buckets.md), elsewhere ATen's sum.
-      const bool gemv = dy.is_cpu() && dy.scalar_type() == at::kFloat;
-      const at::Tensor ones = gemv ? at::ones({dy.size(0)}, dy.options()) : at::Tensor();
-      db = param_grad(
-          ctx->saved_data["b_sink"].toInt(),
-          [&](at::Tensor& dst, bool accumulate) {
-            if (gemv && accumulate) dst.addmv_(dy.t(), ones);
-            else if (gemv) at::mv_out(dst, dy.t(), ones);
-            else if (accumulate) dst.add_(dy.sum(0));
-            else at::sum_out(dst, dy, {0});
-          },
-          [&] { return gemv ? at::mv(dy.t(), ones) : dy.sum(0); });
-    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+      db = bias_grad(ctx->saved_data["b_sink"].toInt(), dy);
     return {dx, dw, db};
+  }
+};
+
+// y = b + x w, the weight stored [in, out]: Hugging Face's Conv1D (GPT-2's projections), traced as
+// aten::addmm(b, x.view(-1, in), w) with beta = alpha = 1. The backward is AddmmBackward's products
+// for a row-major w: dx = dy w^T, dw = x^T dy (w's [in, out] layout), db = dy's column sums.
+struct LinearT : public torch::autograd::Function<LinearT> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& b, const at::Tensor& x, const at::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["w_sink"] = sink_index(w);
+    ctx->saved_data["b_sink"] = sink_index(b);
+    return at::addmm(b, x, w);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor& dy = g[0];
+    at::Tensor db, dx, dw;
+    if (ctx->needs_input_grad(0)) db = bias_grad(ctx->saved_data["b_sink"].toInt(), dy);
+    if (ctx->needs_input_grad(1)) dx = dy.mm(w.t());
+    if (ctx->needs_input_grad(2))
+      dw = param_grad(
+          ctx->saved_data["w_sink"].toInt(),
+          [&](at::Tensor& dst, bool accumulate) {
+            if (accumulate) dst.addmm_(x.t(), dy);
+            else at::mm_out(dst, x.t(), dy);
+          },
+          [&] { return x.t().mm(dy); });
+    return {db, dx, dw};
   }
 };
 
@@ -101,9 +135,29 @@ at::Tensor linear_plain(const at::Tensor& x, const at::Tensor& w, const std::opt
   return at::linear(x, w, b);
 }
 
+// Only the Conv1D shape (a bias vector of w's output width, 2-D x and w) is LinearT's; any other
+// addmm (a matrix or a scalar as its first operand), and every call that records no graph, ATen's.
+at::Tensor linear_t_autograd(const at::Tensor& b, const at::Tensor& x, const at::Tensor& w) {
+  const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || b.requires_grad());
+  if (!grad || x.dim() != 2 || w.dim() != 2 || b.dim() != 1 || b.size(0) != w.size(1)) return at::addmm(b, x, w);
+  return LinearT::apply(b, x, w);
+}
+at::Tensor linear_t_plain(const at::Tensor& b, const at::Tensor& x, const at::Tensor& w) { return at::addmm(b, x, w); }
+
 bool replace_linear(torch::jit::Node* node) {
   if (node->inputs().size() != 3 || node->outputs().size() != 1) return false;
   return replace_node_by(node, "mfsdp::linear", {node->input(0), node->input(1), node->input(2)});
+}
+
+// aten::addmm(b, x, w, beta, alpha) with beta and alpha the constant 1 (an int or a float) becomes
+// mfsdp::linear_t(b, x, w); other scalings stay ATen's.
+bool replace_addmm(torch::jit::Node* node) {
+  if (node->inputs().size() != 5 || node->outputs().size() != 1) return false;
+  for (size_t i : {3, 4}) {
+    const auto c = torch::jit::toIValue(node->input(i));
+    if (!c || !((c->isInt() && c->toInt() == 1) || (c->isDouble() && c->toDouble() == 1.0))) return false;
+  }
+  return replace_node_by(node, "mfsdp::linear_t", {node->input(0), node->input(1), node->input(2)});
 }
 
 }  // namespace
@@ -112,14 +166,26 @@ void set_grad_sink(GradSink* sink) { g_sink.store(sink); }
 
 // Into called functions too: nn.MultiheadAttention's projections are linear calls inside
 // torch.nn.functional's multi_head_attention_forward (the sink finds a parameter by identity).
+// HF's Conv1D too (its addmm; under tensor parallelism its call sites are matmul and add, left alone).
 int use_sink_linear(torch::jit::Module& root) {
-  return rewrite_nodes(root, {c10::aten::linear}, replace_linear, /*into_functions=*/true);
+  return rewrite_nodes(root, {c10::aten::linear, c10::aten::addmm}, [](torch::jit::Node* node) {
+    return node->kind() == c10::aten::linear ? replace_linear(node) : replace_addmm(node);
+  }, /*into_functions=*/true);
 }
 
 }  // namespace mfsdp
 
-TORCH_LIBRARY_FRAGMENT(mfsdp, m) { m.def("linear(Tensor x, Tensor w, Tensor? b) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
+  m.def("linear(Tensor x, Tensor w, Tensor? b) -> Tensor");
+  m.def("linear_t(Tensor b, Tensor x, Tensor w) -> Tensor");
+}
 
-TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) { m.impl("linear", mfsdp::linear_autograd); }
+TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
+  m.impl("linear", mfsdp::linear_autograd);
+  m.impl("linear_t", mfsdp::linear_t_autograd);
+}
 
-TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) { m.impl("linear", mfsdp::linear_plain); }
+TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
+  m.impl("linear", mfsdp::linear_plain);
+  m.impl("linear_t", mfsdp::linear_t_plain);
+}

@@ -211,6 +211,7 @@ class Trainer {
     if (profiler_) log_here(profiler_->finish(result.steps));
     if (host_cache) log(describe_host_cache());
     if (fast_attention_) log(describe_fast_attention());
+    if (const std::string r = describe_fast_rotary(); !r.empty()) log(r);
     if (progress_) std::printf("\n");
     return result;
   }

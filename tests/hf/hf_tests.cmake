@@ -677,9 +677,29 @@ add_test(NAME hf_cpu_attention_causal_mask
                  ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_cpu_attention_causal_mask
                  training.max_steps=2)
 set_tests_properties(hf_cpu_attention_causal_mask PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120)
+# HF layers get the rotary cos/sin from the model as position_embeddings, through each unit's
+# mfsdp::pre_forward, which leaves an input that needs no gradient needing none (fsdp/unit_ops.cpp,
+# pass_through): every rotary call runs mfsdp's kernel (before, all of them ran ATen's, and autograd
+# computed a gradient of each table). Two HF families, each with its rotary rewritten per layer.
+foreach(m llama qwen2)
+  add_test(NAME hf_rotary_kernel_runs_${m}
+           COMMAND ${EXPECT} 0 "mfsdp's CPU kernels: [^\\n]* ([1-9][0-9]*) rotary embedding\\(s\\).*mfsdp's rotary embedding: ([1-9][0-9]*) of \\2 calls ran its kernel\\n" --
+                   ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/${m}.pt run_dir=${FX}/hf_rotary_kernel_runs_${m}
+                   training.max_steps=2)
+  set_tests_properties(hf_rotary_kernel_runs_${m} PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120)
+endforeach()
+# GPT-2's Conv1D layers (aten::addmm(b, x, w), the weight stored [in, out]) write their gradients into
+# the buckets as Linear layers do (model/linear.h, mfsdp::linear_t): 4 per layer type and the tied
+# head, 9 in the 2-layer fixture (1, the head alone, before). Their gradients against PyTorch's:
+# oracle_hf_families (hf_gpt2_s3_n2, hf_gpt2_cp2_s1_n2).
+add_test(NAME hf_gpt2_conv1d_into_buckets
+         COMMAND ${EXPECT} 0 "gradients: the products of 9 linear call site\\(s\\) write theirs into the buckets" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/gpt2.pt run_dir=${FX}/hf_gpt2_conv1d_into_buckets
+                 training.max_steps=1)
+set_tests_properties(hf_gpt2_conv1d_into_buckets PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120)
 # MFSDP_FAST_ATTENTION=off: the run says so, replaces no call, and no call runs the kernel.
 add_test(NAME hf_cpu_attention_off
-         COMMAND ${EXPECT} 0 "\\A(?!.*calls ran its kernel)(?!.*scaled_dot_product_attention call\\(s\\)).*mfsdp's CPU attention: off \\(MFSDP_FAST_ATTENTION=off\\)" --
+         COMMAND ${EXPECT} 0 "\\A(?!.*mfsdp's CPU attention: [0-9]+ of [0-9]+ calls ran its kernel)(?!.*scaled_dot_product_attention call\\(s\\)).*mfsdp's CPU attention: off \\(MFSDP_FAST_ATTENTION=off\\)" --
                  ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_cpu_attention_off
                  training.max_steps=2)
 set_tests_properties(hf_cpu_attention_off PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120
