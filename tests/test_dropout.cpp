@@ -204,11 +204,11 @@ struct DropRun {
   at::Tensor state_after_forward;
 };
 DropRun attn_dropout_run(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& g,
-                         const std::optional<at::Tensor>& mask, double p, bool causal, bool ours) {
+                         const std::optional<at::Tensor>& mask, double p, bool causal, bool ours, bool gqa) {
   at::Tensor q = q0.detach().requires_grad_(true), k = k0.detach().requires_grad_(true),
              v = v0.detach().requires_grad_(true);
-  at::Tensor o = ours ? mfsdp::sdpa(q, k, v, mask, p, causal, std::nullopt)
-                      : at::scaled_dot_product_attention(q, k, v, mask, p, causal, std::nullopt);
+  at::Tensor o = ours ? mfsdp::sdpa(q, k, v, mask, p, causal, std::nullopt, gqa)
+                      : at::scaled_dot_product_attention(q, k, v, mask, p, causal, std::nullopt, gqa);
   DropRun r;
   r.state_after_forward = rng_state();
   auto gr = torch::autograd::grad({o}, {q, k, v}, {g});
@@ -225,6 +225,7 @@ TEST_CASE("Attention dropout: mfsdp's kernel draws ATen's masks; outputs and gra
     int64_t b, h, t, d;
     bool causal, explicit_mask;
     at::ScalarType dtype;
+    int64_t hk = 0;  // key/value heads when fewer than h (enable_gqa)
   };
   const std::vector<Case> cases = {
       {2, 3, 37, 16, true, false, at::kFloat},   // rows not a multiple of the 32-row block
@@ -232,20 +233,24 @@ TEST_CASE("Attention dropout: mfsdp's kernel draws ATen's masks; outputs and gra
       {1, 2, 48, 16, false, true, at::kFloat},   // an explicit causal mask (Hugging Face's way)
       {1, 2, 300, 16, true, false, at::kFloat},  // beyond kCpuAttentionMaxKeys: the log-sum-exp kernels
       {2, 2, 40, 16, true, false, at::kBFloat16},
+      {2, 4, 37, 16, true, false, at::kFloat, 2},  // grouped-query attention: the mask is over q's heads
+      {1, 4, 300, 16, true, false, at::kFloat, 1},
   };
   for (const Case& c : cases) {
     for (double p : {0.1, 0.5}) {
       at::manual_seed(31);
-      at::Tensor q = heads(c.b, c.h, c.t, c.d, c.dtype), k = heads(c.b, c.h, c.t, c.d, c.dtype),
-                 v = heads(c.b, c.h, c.t, c.d, c.dtype);
+      const int64_t hk = c.hk ? c.hk : c.h;
+      at::Tensor q = heads(c.b, c.h, c.t, c.d, c.dtype), k = heads(c.b, hk, c.t, c.d, c.dtype),
+                 v = heads(c.b, hk, c.t, c.d, c.dtype);
       at::Tensor g = at::randn({c.b, c.h, c.t, c.d}).to(c.dtype);
       std::optional<at::Tensor> mask;
       if (c.explicit_mask) mask = at::ones({c.t, c.t}, at::kBool).tril();
       const at::Tensor before = rng_state();
-      const DropRun want = attn_dropout_run(q, k, v, g, mask, p, c.causal, false);
+      const DropRun want = attn_dropout_run(q, k, v, g, mask, p, c.causal, false, c.hk != 0);
       set_rng_state(before);
-      const DropRun got = attn_dropout_run(q, k, v, g, mask, p, c.causal, true);
-      INFO("t " << c.t << " causal " << c.causal << " mask " << c.explicit_mask << " dtype " << c.dtype << " p " << p);
+      const DropRun got = attn_dropout_run(q, k, v, g, mask, p, c.causal, true, c.hk != 0);
+      INFO("t " << c.t << " causal " << c.causal << " mask " << c.explicit_mask << " dtype " << c.dtype << " p " << p
+                << " kv heads " << hk);
       CHECK(at::equal(got.state_after_forward, want.state_after_forward));
       const double tol = c.dtype == at::kFloat ? 2e-5 : 2e-2;
       for (size_t i = 0; i < 4; ++i) {

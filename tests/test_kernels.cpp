@@ -6,6 +6,7 @@
 
 #include <torch/autograd.h>
 #include <torch/csrc/jit/passes/constant_propagation.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/script.h>
 
 #include <algorithm>
@@ -162,6 +163,68 @@ TEST_CASE("RMS scaling: the graph rewrite finds RMSNorm's ops, scripted and trac
   at::Tensor gg = torch::autograd::grad({got.sum()}, {x})[0];
   CHECK(worst(got, want, 1e-3) < 2e-6);
   CHECK(worst(gg, gw, 1e-3) < 2e-5);
+}
+
+TEST_CASE("RMSNorm's weight joins the scaling kernel: HF's `weight * x.to(dtype)` and the bare product, "
+          "gradients of x and the weight on 1 and 2 threads; a cast to bf16 and a weight of another shape stay ATen's") {
+  torch::jit::Module m("m");
+  m.register_parameter("w", (at::randn({64}) * 0.5 + 1).requires_grad_(true), false);
+  m.register_parameter("v", (at::randn({64}) * 0.5 + 1).requires_grad_(true), false);
+  m.register_attribute("eps", c10::FloatType::get(), 1e-6);
+  m.define(R"(
+    def forward(self, x, m):
+        xf = x.float()
+        h = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        a = self.w * h.to(6)  # 6: torch.float32
+        h2 = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        b = h2 * self.v
+        h3 = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        c = self.w.to(15) * h3.to(15)  # 15: torch.bfloat16
+        h4 = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        d = h4 * m
+        return a + b + c.float() + d
+  )");
+  at::manual_seed(11);
+  const at::Tensor w = m.attr("w").toTensor(), v = m.attr("v").toTensor();
+  const int threads = at::get_num_threads();
+  for (int t : {1, 2}) {
+    at::set_num_threads(t);
+    for (int64_t rows : {1, 3, 300}) {
+      torch::jit::Module mc = m.clone();
+      const at::Tensor wc = mc.attr("w").toTensor(), vc = mc.attr("v").toTensor();
+      at::Tensor x = (at::randn({rows, 64}) * 2).requires_grad_(true);
+      at::Tensor full = at::randn({rows, 64});  // a multiplier of x's shape: not a weight
+      at::Tensor want = mc.forward({x, full}).toTensor();
+      auto gw = torch::autograd::grad({want.sum()}, {x, wc, vc});
+      REQUIRE(use_fast_rms_norm(mc) == 4);
+      const std::string graph = mc.get_method("forward").graph()->toString();
+      // a and b take the weight (the bf16 cast of c and the full-shaped d are rewritten too, and
+      // computed as before at run time: the dtype, or a multiplier that is not one per column).
+      CHECK(graph.find("mfsdp::rms_norm_weight") != std::string::npos);
+      at::Tensor got = mc.forward({x, full}).toTensor();
+      auto gg = torch::autograd::grad({got.sum()}, {x, wc, vc});
+      INFO("threads " << t << ", rows " << rows);
+      CHECK(worst(got, want, 1e-2) < 2e-6);
+      // x's gradient sums four norms' (one through bf16), each r u - c x: where they cancel to
+      // under 1e-2 (of gradients of order 1), the bound is absolute, 2e-7.
+      CHECK(worst(gg[0], gw[0], 1e-2) < 2e-5);
+      CHECK(worst(gg[1], gw[1], 1e-3) < 2e-5);
+      CHECK(worst(gg[2], gw[2], 1e-3) < 2e-5);
+    }
+  }
+  at::set_num_threads(threads);
+  // The kernel against the two ops it replaces, bit for bit forward: (x r) w rounds as HF's does.
+  at::Tensor x = at::randn({5, 64}) * 3;
+  at::Tensor ref = w * rms_scale(x, 1e-6);
+  torch::jit::Module one("one");
+  one.register_parameter("w", w.detach().clone(), false);
+  one.define(R"(
+    def forward(self, x):
+        return self.w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+  )");
+  REQUIRE(use_fast_rms_norm(one) == 1);
+  at::NoGradGuard ng;
+  CHECK(at::equal(one.forward({x}).toTensor(), ref.detach()));
 }
 
 TEST_CASE("aten::rms_norm (nn.RMSNorm, F.rms_norm) through mfsdp's kernel: gradients of x and the weight; "
@@ -357,6 +420,7 @@ struct AttnCase {
   int64_t b, h, tq, tk, d, dv;
   bool causal;
   std::optional<double> scale;
+  int64_t hk = 0;  // key/value heads when fewer than h (enable_gqa)
 };
 
 // q, k, v as attention makes them: [B, T, H, D] memory viewed as [B, H, T, D].
@@ -364,11 +428,12 @@ at::Tensor heads(int64_t b, int64_t h, int64_t t, int64_t d) { return at::randn(
 
 // Output and dq, dk, dv for the output gradient g, through autograd.
 std::vector<at::Tensor> attn_run(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, const at::Tensor& g,
-                                 bool causal, std::optional<double> scale, bool ours, std::string* node = nullptr) {
+                                 bool causal, std::optional<double> scale, bool ours, std::string* node = nullptr,
+                                 bool gqa = false) {
   at::Tensor q = q0.detach().requires_grad_(true), k = k0.detach().requires_grad_(true),
              v = v0.detach().requires_grad_(true);
-  at::Tensor o = ours ? sdpa(q, k, v, std::nullopt, 0.0, causal, scale)
-                      : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale);
+  at::Tensor o = ours ? sdpa(q, k, v, std::nullopt, 0.0, causal, scale, gqa)
+                      : at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal, scale, gqa);
   if (node) *node = o.grad_fn() ? o.grad_fn()->name() : "";
   auto gr = torch::autograd::grad({o}, {q, k, v}, {g});
   return {o.detach(), gr[0], gr[1], gr[2]};
@@ -376,16 +441,17 @@ std::vector<at::Tensor> attn_run(const at::Tensor& q0, const at::Tensor& k0, con
 
 // Causal sdpa through mfsdp's kernels gives the same bits on 1 and 2 threads (output and gradients),
 // and without grad (output).
-void check_threads_and_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g) {
+void check_threads_and_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                               bool gqa = false) {
   const int before = at::get_num_threads();
   at::set_num_threads(1);
-  const auto one = attn_run(q, k, v, g, true, std::nullopt, true);
+  const auto one = attn_run(q, k, v, g, true, std::nullopt, true, nullptr, gqa);
   at::set_num_threads(2);
-  const auto two = attn_run(q, k, v, g, true, std::nullopt, true);
+  const auto two = attn_run(q, k, v, g, true, std::nullopt, true, nullptr, gqa);
   at::set_num_threads(before);
   for (size_t i = 0; i < one.size(); ++i) CHECK(at::equal(one[i], two[i]));
   const at::NoGradGuard no_grad;
-  CHECK(at::equal(sdpa(q, k, v, std::nullopt, 0.0, true, std::nullopt), one[0]));
+  CHECK(at::equal(sdpa(q, k, v, std::nullopt, 0.0, true, std::nullopt, gqa), one[0]));
 }
 }  // namespace
 
@@ -400,18 +466,25 @@ TEST_CASE("Attention: mfsdp's kernel against ATen's in double, causal and not, f
       {1, 1, 256, 256, 8, 8, true, std::nullopt},   // the longest with the probabilities kept
       {1, 2, 257, 257, 16, 16, true, std::nullopt}, // beyond: the log-sum-exp kernels, a 1-row last block
       {2, 1, 640, 640, 64, 64, true, 0.2},          // ten 64-row blocks, a given scale
+      // Grouped-query attention (enable_gqa): key/value heads read by 2 and 3 query heads each, and by
+      // all of them (multi-query); dk and dv sum their query heads'.
+      {2, 4, 37, 37, 16, 16, true, std::nullopt, 2},
+      {2, 6, 40, 40, 8, 8, false, std::nullopt, 2},
+      {1, 4, 300, 300, 16, 16, true, std::nullopt, 1},  // the log-sum-exp kernels
   };
   for (const AttnCase& c : cases) {
-    INFO("B " << c.b << " H " << c.h << " Tq " << c.tq << " Tk " << c.tk << " D " << c.d << " Dv " << c.dv
+    const int64_t hk = c.hk ? c.hk : c.h;
+    const bool gqa = c.hk != 0;
+    INFO("B " << c.b << " H " << c.h << " Hk " << hk << " Tq " << c.tq << " Tk " << c.tk << " D " << c.d << " Dv " << c.dv
               << " causal " << c.causal);
-    at::Tensor q = heads(c.b, c.h, c.tq, c.d) * 2, k = heads(c.b, c.h, c.tk, c.d) * 2, v = heads(c.b, c.h, c.tk, c.dv);
+    at::Tensor q = heads(c.b, c.h, c.tq, c.d) * 2, k = heads(c.b, hk, c.tk, c.d) * 2, v = heads(c.b, hk, c.tk, c.dv);
     at::Tensor g = at::randn({c.b, c.h, c.tq, c.dv});
     std::string node;
-    const auto got = attn_run(q, k, v, g, c.causal, c.scale, true, &node);
+    const auto got = attn_run(q, k, v, g, c.causal, c.scale, true, &node, gqa);
     CHECK(node.find("Sdpa") != std::string::npos);  // mfsdp's kernel ran, not ATen's fallback
     const auto want = attn_run(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), g.to(at::kDouble), c.causal,
-                               c.scale, false);
-    const auto flash = attn_run(q, k, v, g, c.causal, c.scale, false);
+                               c.scale, false, nullptr, gqa);
+    const auto flash = attn_run(q, k, v, g, c.causal, c.scale, false, nullptr, gqa);
     for (size_t i = 0; i < got.size(); ++i) {
       INFO("output " << i << " (out, dq, dk, dv)");
       CHECK(got[i].sizes() == want[i].sizes());
@@ -434,6 +507,9 @@ TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays Na
   at::manual_seed(22);
   at::Tensor q = heads(2, 4, 50, 16), k = heads(2, 4, 50, 16), v = heads(2, 4, 50, 16), g = at::randn({2, 4, 50, 16});
   check_threads_and_no_grad(q, k, v, g);
+  check_threads_and_no_grad(q, k.slice(1, 0, 2), v.slice(1, 0, 2), g, /*gqa=*/true);  // each thread its groups
+  check_threads_and_no_grad(heads(1, 4, 300, 16), heads(1, 2, 300, 16), heads(1, 2, 300, 16), at::randn({1, 4, 300, 16}),
+                            /*gqa=*/true);
   // A NaN in one query row: that row's output is NaN (as ATen's), the others are not.
   at::Tensor qn = q.clone();
   qn.index_put_({0, 1, 7, 3}, NAN);
@@ -542,15 +618,63 @@ TEST_CASE("Attention: the graph rewrite takes SDPA with or without mask and drop
   // (c's dropout is random: only a + b is compared.)
   at::Tensor want = m.forward({q, k, v, mask}).toTuple()->elements()[0].toTensor();
   at::Tensor gw = torch::autograd::grad({want.sum()}, {q})[0];
-  // a, b (b's mask is not causal: ATen's at run time) and c (dropout); d's enable_gqa keeps ATen's.
-  REQUIRE(use_fast_attention(m) == 3);
+  // a, b (b's mask is not causal: ATen's at run time), c (dropout) and d (enable_gqa, a constant).
+  REQUIRE(use_fast_attention(m) == 4);
   at::Tensor got = m.forward({q, k, v, mask}).toTuple()->elements()[0].toTensor();
   at::Tensor gg = torch::autograd::grad({got.sum()}, {q})[0];
   CHECK(scaled(got, want) < 1e-5);
   CHECK(scaled(gg, gw) < 1e-5);
   const std::string graph = m.get_method("forward").graph()->toString();
   CHECK(graph.find("mfsdp::sdpa") != std::string::npos);
-  CHECK(graph.find("aten::scaled_dot_product_attention") != std::string::npos);
+  CHECK(graph.find("aten::scaled_dot_product_attention") == std::string::npos);
+}
+
+TEST_CASE("Attention: keys and values repeated by HF's repeat_kv are taken before the repeat, with enable_gqa; "
+          "near misses keep the repeat") {
+  torch::jit::Module m("m");
+  // HF's repeat_kv as code: x[:, :, None, :, :].expand(b, kv, n_rep, t, d).reshape(b, kv * n_rep, t, d).
+  m.define(R"(
+    def rep(self, x, n: int):
+        b = x.size(0)
+        kv = x.size(1)
+        t = x.size(2)
+        d = x.size(3)
+        return x[:, :, None, :, :].expand(b, kv, n, t, d).reshape(b, kv * n, t, d)
+
+    def forward(self, q, k, v):
+        a = torch.scaled_dot_product_attention(q, self.rep(k, 3), self.rep(v, 3), None, 0.0, True)
+        # near misses: k and v repeated differently; a repeat along another dimension
+        kk = torch.cat([k, k, k], 1)
+        b = torch.scaled_dot_product_attention(q, kk, self.rep(v, 3), None, 0.0, True)
+        # repeat_interleave over the heads (scripted GQA), by a count the graph computes
+        n = q.size(1) // k.size(1)
+        c = torch.scaled_dot_product_attention(q, k.repeat_interleave(n, dim=1), v.repeat_interleave(n, dim=1))
+        return a + b + c
+  )");
+  auto graph = m.get_method("forward").graph();
+  torch::jit::Inline(*graph);
+  at::manual_seed(27);
+  at::Tensor q = heads(2, 6, 24, 8).requires_grad_(true), k = heads(2, 2, 24, 8).requires_grad_(true),
+             v = heads(2, 2, 24, 8).requires_grad_(true);
+  at::Tensor g = at::randn({2, 6, 24, 8});
+  at::Tensor want = m.forward({q, k, v}).toTensor();
+  auto gw = torch::autograd::grad({want}, {q, k, v}, {g});
+  REQUIRE(use_fast_attention(m) == 3);
+  const std::string text = m.get_method("forward").graph()->toString();
+  INFO(text);
+  // a's and c's k and v are the unrepeated ones (one expand left: b's v), with enable_gqa.
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  CHECK(count("aten::expand") == 1);
+  CHECK(count("aten::repeat_interleave") == 0);
+  std::string node;
+  at::Tensor got = m.forward({q, k, v}).toTensor();
+  auto gg = torch::autograd::grad({got}, {q, k, v}, {g});
+  CHECK(scaled(got, want) < 1e-5);
+  for (int i = 0; i < 3; ++i) CHECK(scaled(gg[i], gw[i]) < 1e-5);
 }
 
 TEST_CASE("Attention: an explicit causal mask (as Hugging Face models pass) takes the kernel, any other is ATen's") {

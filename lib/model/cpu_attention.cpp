@@ -94,13 +94,14 @@ at::Tensor forward_blocks(const at::Tensor& q0, const at::Tensor& k0, const at::
                           Place place) {
   const at::Tensor q = readable(q0), k = readable(k0), v = readable(v0);
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), Tk = k.size(2), D = q.size(3), Dv = v.size(3);
+  const int64_t rep = H / k.size(1);  // query heads per key/value head (grouped-query attention)
   at::Tensor o = heads_view(q, B, H, Tq, Dv);
   const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(scratch_elems), dropped(drop && kept ? size_t(std::min(Tq, rows) * Tk) : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h), *V = rows_of(v, b, h);
+      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h / rep), *V = rows_of(v, b, h / rep);
       float* O = rows_of(o, b, h);
       for (int64_t r0 = 0; r0 < Tq; r0 += rows) {
         const int64_t r1 = std::min(Tq, r0 + rows), n = causal ? r1 : Tk;
@@ -125,16 +126,20 @@ at::Tensor forward_blocks(const at::Tensor& q0, const at::Tensor& k0, const at::
 
 // A backward's operands made readable, their sizes and row strides, and its gradients allocated as
 // flash attention returns them.
+// With grouped-query attention (Hk key/value heads, each read by rep = H / Hk query heads) dk and dv
+// have Hk heads, and a key/value head's gradient sums its query heads': the backwards walk the
+// (batch, key/value head) groups, each group's query heads one after the other on one thread, the
+// first writing dK and dV (beta 0) and the others adding to them (beta 1).
 struct BackwardOperands {
   at::Tensor q, k, v, o, g, dq, dk, dv;
-  int64_t B, H, Tq, Tk, D, Dv, lq, lk, lv, lo, lg, ldq, ldk, ldv;
+  int64_t B, H, Hk, rep, Tq, Tk, D, Dv, lq, lk, lv, lo, lg, ldq, ldk, ldv;
   BackwardOperands(const at::Tensor& g0, const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0,
                    const at::Tensor& o0)
       : q(readable(q0)), k(readable(k0)), v(readable(v0)), o(readable(o0)), g(readable(g0)), B(q.size(0)),
-        H(q.size(1)), Tq(q.size(2)), Tk(k.size(2)), D(q.size(3)), Dv(v.size(3)) {
+        H(q.size(1)), Hk(k.size(1)), rep(H / Hk), Tq(q.size(2)), Tk(k.size(2)), D(q.size(3)), Dv(v.size(3)) {
     dq = heads_view(q, B, H, Tq, D);
-    dk = heads_view(k, B, H, Tk, D);
-    dv = heads_view(v, B, H, Tk, Dv);
+    dk = heads_view(k, B, Hk, Tk, D);
+    dv = heads_view(v, B, Hk, Tk, Dv);
     lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o), lg = row_stride(g);
     ldq = row_stride(dq), ldk = row_stride(dk), ldv = row_stride(dv);
   }
@@ -142,15 +147,16 @@ struct BackwardOperands {
 
 }  // namespace
 
-bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, bool gqa) {
   if (sgemm_ == nullptr) return false;
   const at::ScalarType dtype = q.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16) return false;
   for (const at::Tensor* t : {&q, &k, &v})
     if (!t->device().is_cpu() || t->scalar_type() != dtype || t->layout() != at::kStrided || t->dim() != 4)
       return false;
-  const int64_t tk = k.size(2);
-  return k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1) &&
+  const int64_t tk = k.size(2), hk = k.size(1);
+  const bool heads = gqa ? hk >= 1 && v.size(1) == hk && q.size(1) % hk == 0 : hk == q.size(1) && v.size(1) == hk;
+  return k.size(0) == q.size(0) && v.size(0) == q.size(0) && heads &&
          v.size(2) == tk && k.size(3) == q.size(3) && q.size(3) >= 1 && v.size(3) >= 1 && q.size(2) >= 1 && tk >= 1 &&
          (!causal || q.size(2) == tk) && (tk <= kCpuAttentionMaxKeys || causal);
 }
@@ -204,14 +210,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
                                                                       const AttentionDropout* drop) {
   BackwardOperands x(g0, q0, k0, v0, o0);
   const float s = float(scale);
-  at::parallel_for(0, x.B * x.H, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, x.B * x.Hk, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> dS(static_cast<size_t>(x.Tq * x.Tk)), rowdot(static_cast<size_t>(x.Tq));
     std::vector<float> dropped(drop ? static_cast<size_t>(x.Tq * x.Tk) : 0);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / x.H, h = bh % x.H;
-      const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, h), *V = rows_of(x.v, b, h), *O = rows_of(x.o, b, h),
+    // Groups [begin, end) are the pairs [begin rep, end rep): a group's query heads are consecutive.
+    for (int64_t bh = begin * x.rep; bh < end * x.rep; ++bh) {
+      const int64_t b = bh / x.H, h = bh % x.H, hk = h / x.rep;
+      const float beta = h % x.rep == 0 ? 0.0f : 1.0f;  // the group's first query head writes dK, dV
+      const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, hk), *V = rows_of(x.v, b, hk), *O = rows_of(x.o, b, h),
                   *G = rows_of(x.g, b, h);
-      float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, h), *dV = rows_of(x.dv, b, h);
+      float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, hk), *dV = rows_of(x.dv, b, hk);
       const float* P = probs.const_data_ptr<float>() + bh * x.Tq * x.Tk;
       // With dropout o = A v with A = P D (D the mask times its scale): dV takes A, and dP = dA D.
       // A causal row writes its first r + 1 entries only: above the diagonal `dropped` keeps the
@@ -228,7 +236,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
       // dV = A^T dO, by blocks of keys; a causal block's rows start at its first key (A is 0 above).
       for (int64_t c0 = 0; c0 < x.Tk; c0 += kRows) {
         const int64_t c1 = std::min(x.Tk, c0 + kRows), from = causal ? c0 : 0;
-        gemm(true, false, c1 - c0, x.Dv, x.Tq - from, 1.0f, A + from * x.Tk + c0, x.Tk, G + from * x.lg, x.lg, 0.0f,
+        gemm(true, false, c1 - c0, x.Dv, x.Tq - from, 1.0f, A + from * x.Tk + c0, x.Tk, G + from * x.lg, x.lg, beta,
              dV + c0 * x.ldv, x.ldv);
       }
       // dP = dO V^T, dS = P (dP - rowdot), dQ = scale dS K, by blocks of query rows.
@@ -246,7 +254,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
       // dK = scale dS^T Q, by blocks of keys as dV.
       for (int64_t c0 = 0; c0 < x.Tk; c0 += kRows) {
         const int64_t c1 = std::min(x.Tk, c0 + kRows), from = causal ? c0 : 0;
-        gemm(true, false, c1 - c0, x.D, x.Tq - from, s, dS.data() + from * x.Tk + c0, x.Tk, Q + from * x.lq, x.lq, 0.0f,
+        gemm(true, false, c1 - c0, x.D, x.Tq - from, s, dS.data() + from * x.Tk + c0, x.Tk, Q + from * x.lq, x.lq, beta,
              dK + c0 * x.ldk, x.ldk);
       }
     }
@@ -288,14 +296,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const 
   const float s = float(scale);
   const at::Tensor lse_c = lse.contiguous();
   const int64_t blocks = (x.Tq + kLongRows - 1) / kLongRows;
-  at::parallel_for(0, x.B * x.H, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, x.B * x.Hk, 1, [&](int64_t begin, int64_t end) {
     const size_t block_elems = static_cast<size_t>(std::min(x.Tq, kLongRows) * x.Tk);
     std::vector<float> P(block_elems), dS(block_elems), dropped(drop ? block_elems : 0);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / x.H, h = bh % x.H;
-      const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, h), *V = rows_of(x.v, b, h), *O = rows_of(x.o, b, h),
+    for (int64_t bh = begin * x.rep; bh < end * x.rep; ++bh) {  // as cpu_attention_backward
+      const int64_t b = bh / x.H, h = bh % x.H, hk = h / x.rep;
+      const bool first_head = h % x.rep == 0;
+      const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, hk), *V = rows_of(x.v, b, hk), *O = rows_of(x.o, b, h),
                   *G = rows_of(x.g, b, h);
-      float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, h), *dV = rows_of(x.dv, b, h);
+      float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, hk), *dV = rows_of(x.dv, b, hk);
       const float* L = lse_c.const_data_ptr<float>() + bh * x.Tq;
       // Query blocks from the last: it reaches every key (causal: Tq = Tk), so its products write
       // dK and dV whole (beta 0, over the uninitialised outputs) and every earlier block adds to
@@ -303,7 +312,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const 
       for (int64_t bi = blocks - 1; bi >= 0; --bi) {
         const int64_t r0 = bi * kLongRows, r1 = std::min(x.Tq, r0 + kLongRows), rows = r1 - r0;
         const int64_t n = causal ? r1 : x.Tk;
-        const float beta = bi == blocks - 1 ? 0.0f : 1.0f;
+        const float beta = first_head && bi == blocks - 1 ? 0.0f : 1.0f;
         // P again: the forward's logits, then exp(logit - lse) row by row.
         gemm(false, true, rows, n, x.D, s, Q + r0 * x.lq, x.lq, K, x.lk, 0.0f, P.data(), n);
         for (int64_t r = r0; r < r1; ++r) softmax_from_lse_row(P.data() + (r - r0) * n, L[r], causal ? r + 1 : n, n);

@@ -26,12 +26,14 @@ struct AttentionDropout {
 // (cpu_attention_forward_lse); a call that is not causal goes to ATen's flash attention.
 constexpr int64_t kCpuAttentionMaxKeys = 256;
 
-// Whether the kernels take these inputs: CPU tensors [B, H, Tq, D], [B, H, Tk, D], [B, H, Tk, Dv], all
+// Whether the kernels take these inputs: CPU tensors [B, H, Tq, D], [B, Hk, Tk, D], [B, Hk, Tk, Dv] with
+// Hk = H, or with `gqa` (grouped-query attention, SDPA's enable_gqa) any Hk that divides H (query
+// head h reads key/value head h / (H / Hk), as ATen's enable_gqa and HF's repeat_kv do), all
 // fp32 or all bf16 (the kernels below are fp32's: mfsdp::sdpa converts bf16 inputs to fp32, which is
 // exact, and rounds the output to bf16 once, model/fast_ops.cpp) (any strides; the last dimension is made contiguous when it is not), Tq >= 1, Tk >= 1, Tq == Tk
 // when causal, Tk <= kCpuAttentionMaxKeys when not, and a BLAS sgemm_ in the process (LibTorch's
 // MKL or OpenBLAS exports one).
-bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal);
+bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, bool gqa = false);
 
 // Which of the two a taken call runs: probabilities kept (cpu_attention_forward with probs, then
 // cpu_attention_backward) up to kCpuAttentionMaxKeys keys, the log-sum-exp kernels beyond.

@@ -394,6 +394,57 @@ MFSDP_CLONES void rms_scale_backward(const float* g, const float* x, const float
   }
 }
 
+MFSDP_CLONES void rms_norm_forward(const float* x, const float* w, float* y, float* r, int64_t rows, int64_t d,
+                                   double eps) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* xr = x + row * d;
+    float* yr = y + row * d;
+    const float inv = 1.0f / __builtin_sqrtf(dot(xr, xr, d) / float(d) + float(eps));
+    r[row] = inv;
+    const vf vinv = splat(inv);
+    int64_t i = 0;
+    for (; i + kLanes <= d; i += kLanes) store(yr + i, (load(xr + i) * vinv) * load(w + i));
+    for (; i < d; ++i) yr[i] = (xr[i] * inv) * w[i];
+  }
+}
+
+// Per row: u = g w into dx (the row's output, read back by the second pass), c = r^3 mean(u x), then
+// dx = r u - c x, and dw += g (x r) in the same pass.
+MFSDP_CLONES void rms_norm_backward(const float* g, const float* x, const float* w, const float* r, float* dx,
+                                    float* dw, int64_t rows, int64_t d) {
+  for (int64_t row = 0; row < rows; ++row) {
+    const float* gr = g + row * d;
+    const float* xr = x + row * d;
+    float* out = dx + row * d;
+    const float inv = r[row];
+    const vf vinv = splat(inv);
+    vf acc = splat(0.0f);
+    int64_t i = 0;
+    for (; i + kLanes <= d; i += kLanes) {
+      const vf u = load(gr + i) * load(w + i);
+      store(out + i, u);
+      acc += u * load(xr + i);
+    }
+    float sum = hsum(acc);  // dot(u, x)'s order: the lanes, then the tail
+    for (; i < d; ++i) {
+      out[i] = gr[i] * w[i];
+      sum += out[i] * xr[i];
+    }
+    const float c = inv * inv * inv * sum / float(d);
+    const vf vc = splat(c);
+    i = 0;
+    for (; i + kLanes <= d; i += kLanes) {
+      const vf xv = load(xr + i);
+      store(out + i, vinv * load(out + i) - vc * xv);
+      store(dw + i, load(dw + i) + load(gr + i) * (xv * vinv));
+    }
+    for (; i < d; ++i) {
+      out[i] = inv * out[i] - c * xr[i];
+      dw[i] += gr[i] * (xr[i] * inv);
+    }
+  }
+}
+
 // Attention's softmax, one row of logits in place: s[0:n] = exp(s - max) / sum, s[n:len] = 0 (the
 // keys a causal row does not see). The max first keeps every exp <= 1; a NaN or an infinite
 // logit makes the row NaN, as ATen's softmax does (vexp would clamp it to a finite value).

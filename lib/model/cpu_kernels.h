@@ -14,6 +14,12 @@ void gelu_tanh_backward_bf16(const uint16_t* g, const uint16_t* x, uint16_t* dx,
 // row for the backward dx = r g - x r^3 mean(g x): mfsdp::rms_scale.
 void rms_scale_forward(const float* x, float* y, float* r, int64_t rows, int64_t d, double eps);
 void rms_scale_backward(const float* g, const float* x, const float* r, float* dx, int64_t rows, int64_t d);
+// RMSNorm with its weight w (d floats): y = (x r) w, the order HF's `weight * (x * rsqrt(...))`
+// rounds in; backward with u = g w: dx = r u - x r^3 mean(u x) (rms_scale_backward of u), and
+// dw += g (x r) summed over the rows into dw (d floats, accumulated: the caller zeroes it).
+void rms_norm_forward(const float* x, const float* w, float* y, float* r, int64_t rows, int64_t d, double eps);
+void rms_norm_backward(const float* g, const float* x, const float* w, const float* r, float* dx, float* dw,
+                       int64_t rows, int64_t d);
 // SwiGLU's gate: y = silu(a) b = a sigmoid(a) b, and its backward da = g b s (1 + a (1 - s)),
 // db = g a s (s = sigmoid(a)), in one pass each: mfsdp::silu_mul.
 void silu_mul_forward(const float* a, const float* b, float* y, int64_t n);

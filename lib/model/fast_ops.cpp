@@ -175,14 +175,93 @@ at::Tensor rms_scale_plain(const at::Tensor& x, double eps) {
   at::Tensor r;
   return rms_forward(x.contiguous(), eps, r);
 }
-// mfsdp::rms_norm with or without autograd: `Scale` is rms_scale_autograd or rms_scale_plain.
-template <at::Tensor (*Scale)(const at::Tensor&, double)>
+// ---- RMSNorm with its weight: (x r) w in one pass each way -------------------------------------
+// Whether the weighted kernel takes x and w: fp32 CPU rows (rms_ours) and a weight of one fp32 CPU
+// element per column.
+bool rms_weight_ours(const at::Tensor& x, const at::Tensor& w) {
+  return rms_ours(x) && x.device().is_cpu() && w.defined() && w.device().is_cpu() && w.scalar_type() == at::kFloat &&
+         w.dim() == 1 && w.size(0) == x.size(-1);
+}
+
+at::Tensor rms_norm_weight_forward(const at::Tensor& xc, const at::Tensor& wc, double eps, at::Tensor& r) {
+  const int64_t d = xc.size(-1), rows = xc.numel() / d;
+  at::Tensor y = at::empty_like(xc);
+  r = at::empty({rows}, xc.options());
+  const float *in = xc.const_data_ptr<float>(), *w = wc.const_data_ptr<float>();
+  float *out = y.mutable_data_ptr<float>(), *rr = r.mutable_data_ptr<float>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / d), [&](int64_t b, int64_t e) {
+    rms_norm_forward(in + b * d, w, out + b * d, rr + b, e - b, d, eps);
+  });
+  return y;
+}
+
+// The weight's gradient is a sum over all rows: the rows split into one part per ATen thread, each
+// part adds its rows into a row of `partial` of its own, and those rows are summed at the end (one
+// thread: one part, no sum). Parts, not thread ids, index `partial`: the same result however the
+// parts land on threads.
+struct RmsNormWeight : public torch::autograd::Function<RmsNormWeight> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, double eps) {
+    const at::Tensor xc = x.contiguous(), wc = w.contiguous();
+    at::Tensor r;
+    at::Tensor y = rms_norm_weight_forward(xc, wc, eps, r);
+    ctx->save_for_backward({xc, wc, r});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &r = saved[2];
+    const at::Tensor gc = g[0].to(at::kFloat).contiguous();
+    const int64_t d = x.size(-1), rows = x.numel() / d;
+    at::Tensor dx = at::empty_like(x);
+    const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows / 16));
+    const int64_t per = (rows + parts - 1) / parts;
+    at::Tensor partial = at::zeros({parts, d}, x.options());
+    const float *gi = gc.const_data_ptr<float>(), *xi = x.const_data_ptr<float>(), *wi = w.const_data_ptr<float>(),
+                *rr = r.const_data_ptr<float>();
+    float *out = dx.mutable_data_ptr<float>(), *dw = partial.mutable_data_ptr<float>();
+    at::parallel_for(0, parts, 1, [&](int64_t b, int64_t e) {
+      for (int64_t part = b; part < e; ++part) {
+        const int64_t r0 = part * per, r1 = std::min(rows, r0 + per);
+        if (r0 < r1) rms_norm_backward(gi + r0 * d, xi + r0 * d, wi, rr + r0, out + r0 * d, dw + part * d, r1 - r0, d);
+      }
+    });
+    at::Tensor dwt = partial.size(0) == 1 ? partial[0] : partial.sum(0);
+    return {dx, ctx->needs_input_grad(1) ? dwt : at::Tensor(), at::Tensor()};
+  }
+};
+
+// mfsdp::rms_norm_weight(x, w, eps, dtype): what `w * rms_scale(x).to(dtype)` computes (HF's
+// RMSNorm: `self.weight * hidden_states.to(input_dtype)`; dtype None without the cast), through
+// the weighted kernel where it takes x and w and the cast keeps fp32, else through those ops.
+at::Tensor rms_norm_weight_ops(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> dtype,
+                               at::Tensor (*scale)(const at::Tensor&, double)) {
+  at::Tensor y = scale(x, eps);
+  return at::mul(w, dtype ? y.to(*dtype) : y);
+}
+at::Tensor rms_norm_weight_autograd(const at::Tensor& x, const at::Tensor& w, double eps,
+                                    std::optional<at::ScalarType> dtype) {
+  if (!rms_weight_ours(x, w) || (dtype && *dtype != at::kFloat))
+    return rms_norm_weight_ops(x, w, eps, dtype, rms_scale_autograd);
+  return RmsNormWeight::apply(x, w, eps);
+}
+at::Tensor rms_norm_weight_plain(const at::Tensor& x, const at::Tensor& w, double eps,
+                                 std::optional<at::ScalarType> dtype) {
+  if (!rms_weight_ours(x, w) || (dtype && *dtype != at::kFloat))
+    return rms_norm_weight_ops(x, w, eps, dtype, rms_scale_plain);
+  at::Tensor r;
+  return rms_norm_weight_forward(x.contiguous(), w.contiguous(), eps, r);
+}
+
+// mfsdp::rms_norm with or without autograd: `Scale` is rms_scale_autograd or rms_scale_plain, and
+// `Weighted` the weighted kernel's entry of the same kind.
+template <at::Tensor (*Scale)(const at::Tensor&, double),
+          at::Tensor (*Weighted)(const at::Tensor&, const at::Tensor&, double, std::optional<at::ScalarType>)>
 at::Tensor rms_norm_through(const at::Tensor& x, at::IntArrayRef shape, const std::optional<at::Tensor>& w,
                             std::optional<double> eps) {
   const std::optional<double> e = rms_norm_eps(x, shape, w, eps);
   if (!e) return at::rms_norm(x, shape, w, eps);
-  at::Tensor y = Scale(x, *e);
-  return w && w->defined() ? y * *w : y;
+  if (w && w->defined()) return Weighted(x, *w, *e, std::nullopt);  // (x r) w, as ATen's composite rounds
+  return Scale(x, *e);
 }
 
 // The value of a constant node input: an int or float, or a one-element tensor.
@@ -248,6 +327,45 @@ bool replace_rms(torch::jit::Node* rsqrt) {
   y->setType(mul->output()->type());
   mul->output()->replaceAllUsesWith(y);
   for (Node* n : {mul, rsqrt, add, mean, pow}) n->destroy();
+  return true;
+}
+
+// mfsdp::rms_scale(x, eps) whose one use multiplies it by a weight, directly or through one cast,
+// `w * rms_scale(x).to(dtype)` as HF's RMSNorm modules write it (either operand order: a product
+// of two floats rounds the same both ways), becomes mfsdp::rms_norm_weight(x, w, eps, dtype).
+bool replace_rms_weight(torch::jit::Node* scale) {
+  using torch::jit::Node;
+  using torch::jit::Value;
+  if (scale->outputs().size() != 1 || scale->output()->uses().size() != 1) return false;
+  Value* y = scale->output();
+  Node* user = y->uses()[0].user;
+  Node* cast = nullptr;
+  Value* dtype = nullptr;
+  if (user->kind() == c10::aten::to) {
+    // aten::to(Tensor self, ScalarType dtype, bool non_blocking, bool copy, MemoryFormat? format):
+    // a dtype (a constant, or one the graph reads: mfsdp's scripted `y.to(x.dtype)`) and no memory
+    // format (the other overloads take a device or a tensor).
+    if (user->inputs().size() != 5 || user->output()->uses().size() != 1) return false;
+    auto fmt = torch::jit::toIValue(user->input(4));
+    if (user->input(1)->type()->kind() != c10::TypeKind::IntType || !fmt || !fmt->isNone()) return false;
+    cast = user;
+    dtype = user->input(1);
+    y = cast->output();
+    user = y->uses()[0].user;
+  }
+  if (user->kind() != c10::aten::mul || user->inputs().size() != 2) return false;
+  Value* w = user->input(0) == y ? user->input(1) : user->input(0);
+  if (w == y || !is_float_tensor_type(w)) return false;
+  torch::jit::Graph& g = *user->owningGraph();
+  torch::jit::WithInsertPoint guard(user);
+  if (!dtype) dtype = g.insertConstant(c10::IValue());
+  Value* out = g.insert(c10::Symbol::fromQualString("mfsdp::rms_norm_weight"),
+                        {scale->input(0), w, scale->input(1), dtype});
+  out->setType(user->output()->type());
+  user->output()->replaceAllUsesWith(out);
+  user->destroy();
+  if (cast) cast->destroy();
+  scale->destroy();
   return true;
 }
 
@@ -543,8 +661,8 @@ at::Tensor rotary_plain(const at::Tensor& x, const at::Tensor& cos, const at::Te
 using OptMask = std::optional<at::Tensor>;
 
 at::Tensor sdpa_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
-                     double dropout_p, bool causal, std::optional<double> scale) {
-  return at::scaled_dot_product_attention(q, k, v, mask, dropout_p, causal, scale);
+                     double dropout_p, bool causal, std::optional<double> scale, bool gqa) {
+  return at::scaled_dot_product_attention(q, k, v, mask, dropout_p, causal, scale, gqa);
 }
 
 double sdpa_scale(const at::Tensor& q, std::optional<double> scale) {
@@ -553,7 +671,8 @@ double sdpa_scale(const at::Tensor& q, std::optional<double> scale) {
 
 // Calls of mfsdp::sdpa so far: through the kernel (with an explicit causal mask among them), and
 // through ATen's SDPA (describe_fast_attention); with dropout drawn by mfsdp.
-std::atomic<int64_t> sdpa_kernel_calls{0}, sdpa_mask_calls{0}, sdpa_aten_calls{0}, sdpa_dropout_calls{0};
+std::atomic<int64_t> sdpa_kernel_calls{0}, sdpa_mask_calls{0}, sdpa_aten_calls{0}, sdpa_dropout_calls{0},
+    sdpa_gqa_calls{0};
 
 // The dropout mask of a call the kernel takes, [B, H, Tq, Tk] bytes drawn as ATen's math attention
 // draws its noise over the probabilities (one bernoulli_(1 - p) over that contiguous tensor, from
@@ -581,17 +700,18 @@ const AttentionDropout* attention_dropout(const at::Tensor& keep, double p, Atte
 // the causal one (Hugging Face models pass theirs explicitly) with is_causal false (a mask with
 // is_causal set goes to ATen, which decides what the pair means); dropout below 1.
 bool sdpa_takes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask, double dropout_p,
-                bool& causal) {
+                bool gqa, bool& causal) {
   const bool masked = mask && mask->defined();
   // The cheap checks (dtype, device, shapes, key count) first: the mask's element-by-element
   // check runs only for a call the kernel would otherwise take.
-  bool takes = dropout_p < 1.0 && cpu_attention_takes(q, k, v, causal || masked);
+  bool takes = dropout_p < 1.0 && cpu_attention_takes(q, k, v, causal || masked, gqa);
   if (takes && masked) {
     takes = !causal && is_causal_mask(*mask, q.size(-2));
     causal = true;  // what the mask computes, when taken (otherwise ATen's call gets is_causal as given)
   }
   (takes ? sdpa_kernel_calls : sdpa_aten_calls).fetch_add(1, std::memory_order_relaxed);
   if (takes && masked) sdpa_mask_calls.fetch_add(1, std::memory_order_relaxed);
+  if (takes && k.size(1) != q.size(1)) sdpa_gqa_calls.fetch_add(1, std::memory_order_relaxed);
   return takes;
 }
 
@@ -657,9 +777,10 @@ at::Tensor sdpa_float(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 // before their product with v), so the results are nearer the exact ones than ATen's bf16
 // (tests/test_kernels.cpp).
 at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
-                         double dropout_p, bool is_causal, std::optional<double> scale) {
+                         double dropout_p, bool is_causal, std::optional<double> scale, bool gqa) {
   bool causal = is_causal;
-  if (!sdpa_takes(q, k, v, mask, dropout_p, causal)) return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale);
+  if (!sdpa_takes(q, k, v, mask, dropout_p, gqa, causal))
+    return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale, gqa);
   const at::Tensor keep = sdpa_dropout_mask(q, k, dropout_p);
   const double s = sdpa_scale(q, scale);
   if (q.scalar_type() == at::kFloat) return sdpa_float(q, k, v, causal, s, keep, dropout_p);
@@ -667,9 +788,10 @@ at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Ten
       .to(q.scalar_type());
 }
 at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
-                      double dropout_p, bool is_causal, std::optional<double> scale) {
+                      double dropout_p, bool is_causal, std::optional<double> scale, bool gqa) {
   bool causal = is_causal;
-  if (!sdpa_takes(q, k, v, mask, dropout_p, causal)) return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale);
+  if (!sdpa_takes(q, k, v, mask, dropout_p, gqa, causal))
+    return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale, gqa);
   const at::Tensor keep = sdpa_dropout_mask(q, k, dropout_p);
   const double s = sdpa_scale(q, scale);
   if (q.scalar_type() == at::kFloat) return sdpa_no_grad(q, k, v, causal, s, keep, dropout_p);
@@ -677,23 +799,139 @@ at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       .to(q.scalar_type());
 }
 
+std::optional<int64_t> constant_int(torch::jit::Value* v);
+void drop_dead(torch::jit::Node* n);
+
+// The value a full slice (start 0, end None or INT64_MAX, step 1: `x[:, :]` traced) was taken of,
+// else nullptr.
+torch::jit::Value* through_full_slice(torch::jit::Value* v) {
+  torch::jit::Node* n = v->node();
+  if (n->kind() != c10::aten::slice || n->inputs().size() != 5) return nullptr;
+  auto start = torch::jit::toIValue(n->input(2)), end = torch::jit::toIValue(n->input(3)),
+       step = torch::jit::toIValue(n->input(4));
+  if (!start || !end || !step) return nullptr;
+  const bool from0 = start->isNone() || (start->isInt() && start->toInt() == 0);
+  const bool to_end = end->isNone() || (end->isInt() && end->toInt() == std::numeric_limits<int64_t>::max());
+  return from0 && to_end && step->isInt() && step->toInt() == 1 ? n->input(0) : nullptr;
+}
+
+// (t, d) when v is size(t, d) with a constant d, possibly through the int/tensor round trips a
+// trace records (aten::Int(prim::NumToTensor(size(t, d)))).
+std::optional<std::pair<torch::jit::Value*, int64_t>> size_of(torch::jit::Value* v) {
+  for (;;) {
+    const c10::Symbol k = v->node()->kind();
+    if (k != c10::aten::Int && k != c10::prim::NumToTensor) break;
+    v = v->node()->input(0);
+  }
+  torch::jit::Node* n = v->node();
+  if (n->kind() != c10::aten::size || n->inputs().size() != 2) return std::nullopt;
+  auto d = torch::jit::toIValue(n->input(1));
+  if (!d || !d->isInt()) return std::nullopt;
+  return std::make_pair(n->input(0), d->toInt());
+}
+
+// Hugging Face's repeat_kv(x, n_rep) as a trace records it: x[:, :, None, :, :] (full slices around
+// an unsqueeze at 2), .expand(b, kv, n_rep, t, d) with b, kv, t, d the sizes of x, .reshape(b,
+// kv * n_rep, t, d) (whose dims 0, 2 and 3 are x's: so its dim 1 can only be kv * n_rep). Returns
+// (x, n_rep), or nothing for anything else.
+std::optional<std::pair<torch::jit::Value*, int64_t>> repeat_kv_of(torch::jit::Value* v) {
+  using torch::jit::Node;
+  using torch::jit::Value;
+  Node* reshape = v->node();
+  if (reshape->kind() != c10::aten::reshape || reshape->inputs().size() != 2) return std::nullopt;
+  Node* expand = reshape->input(0)->node();
+  if (expand->kind() != c10::aten::expand || expand->inputs().size() != 3) return std::nullopt;
+  Value* x = expand->input(0);
+  while (Value* in = through_full_slice(x)) x = in;
+  Node* unsq = x->node();
+  if (unsq->kind() != c10::aten::unsqueeze || constant_int(unsq->input(1)) != 2) return std::nullopt;
+  x = unsq->input(0);
+  while (Value* in = through_full_slice(x)) x = in;
+  Node* sizes = expand->input(1)->node();
+  Node* shape = reshape->input(1)->node();
+  if (sizes->kind() != c10::prim::ListConstruct || sizes->inputs().size() != 5 ||
+      shape->kind() != c10::prim::ListConstruct || shape->inputs().size() != 4)
+    return std::nullopt;
+  const std::optional<int64_t> n_rep = constant_int(sizes->input(2));
+  if (!n_rep || *n_rep < 1) return std::nullopt;
+  auto is_size = [&](Value* s, int64_t d) {
+    auto sz = size_of(s);
+    return sz && sz->first == x && sz->second == d;
+  };
+  if (!is_size(sizes->input(0), 0) || !is_size(sizes->input(1), 1) || !is_size(sizes->input(3), 2) ||
+      !is_size(sizes->input(4), 3) || !is_size(shape->input(0), 0) || !is_size(shape->input(2), 2) ||
+      !is_size(shape->input(3), 3))
+    return std::nullopt;
+  return std::make_pair(x, *n_rep);
+}
+
+// repeat_interleave(x, n, dim=1) of a [B, H, T, D] tensor (mfsdp's and torchtitan-style scripted
+// GQA: `k.repeat_interleave(h // hkv, dim=1)`), which repeats heads as repeat_kv does: (x, n), n
+// a graph value (compared by identity or constant value with the other operand's).
+std::optional<std::pair<torch::jit::Value*, torch::jit::Value*>> repeat_interleave_of(torch::jit::Value* v) {
+  torch::jit::Node* n = v->node();
+  if (n->kind() != c10::aten::repeat_interleave || n->inputs().size() != 4) return std::nullopt;
+  if (n->input(1)->type()->kind() != c10::TypeKind::IntType || constant_int(n->input(2)) != 1) return std::nullopt;
+  auto size = torch::jit::toIValue(n->input(3));
+  if (!size || !size->isNone()) return std::nullopt;
+  return std::make_pair(n->input(0), n->input(1));
+}
+
+// The key/value pair before a head repeat both went through, the same for both: HF's repeat_kv or
+// repeat_interleave over dim 1, by the same count.
+std::optional<std::pair<torch::jit::Value*, torch::jit::Value*>> unrepeated(torch::jit::Value* k, torch::jit::Value* v) {
+  if (auto rk = repeat_kv_of(k), rv = repeat_kv_of(v); rk && rv && rk->second == rv->second)
+    return std::make_pair(rk->first, rv->first);
+  auto ik = repeat_interleave_of(k), iv = repeat_interleave_of(v);
+  if (!ik || !iv) return std::nullopt;
+  const auto ck = constant_int(ik->second), cv = constant_int(iv->second);
+  if (ik->second != iv->second && !(ck && cv && *ck == *cv)) return std::nullopt;
+  return std::make_pair(ik->first, iv->first);
+}
+
 // aten::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale[, enable_gqa])
-// with no GQA broadcast (a constant in the graph) becomes mfsdp::sdpa(q, k, v, attn_mask,
-// dropout_p, is_causal, scale); whether a mask is the causal one, and the dropout probability (a
+// with a constant enable_gqa (or none) becomes mfsdp::sdpa(q, k, v, attn_mask, dropout_p,
+// is_causal, scale, enable_gqa); whether a mask is the causal one, and the dropout probability (a
 // constant, or one that follows the module's training flag: nanoGPT's `p if self.training else 0`,
-// graph_rewrite.h's p * float(training)), are known only at run time. enable_gqa keeps ATen's call.
+// graph_rewrite.h's p * float(training)), are known only at run time. Keys and values that are
+// both repeated by the same count (HF's repeat_kv, or repeat_interleave over the heads: unrepeated)
+// are taken before the repeat, with enable_gqa, which computes the same attention (ATen's
+// enable_gqa repeats the heads as both do: query head h reads key/value head h / n): mfsdp's
+// kernel then reads each key/value head in place for its query heads, and the repeat's copy
+// forward and its sum backward go.
 bool replace_sdpa(torch::jit::Node* node) {
   const size_t n = node->inputs().size();
   if ((n != 7 && n != 8) || node->outputs().size() != 1) return false;
-  auto constant = [&](size_t i) { return torch::jit::toIValue(node->input(i)); };
   if (!node->input(4)->type()->isSubtypeOf(*c10::FloatType::get())) return false;
+  torch::jit::Graph& g = *node->owningGraph();
+  bool gqa = false;
   if (n == 8) {
-    auto gqa = constant(7);
-    if (!gqa || !gqa->isBool() || gqa->toBool()) return false;
+    auto c = torch::jit::toIValue(node->input(7));
+    if (!c || !c->isBool()) return false;
+    gqa = c->toBool();
   }
-  return replace_node_by(node, "mfsdp::sdpa",
-                         {node->input(0), node->input(1), node->input(2), node->input(3), node->input(4), node->input(5),
-                          node->input(6)});
+  torch::jit::Value *k = node->input(1), *v = node->input(2);
+  if (!gqa) {
+    if (auto kv = unrepeated(k, v)) {
+      k = kv->first;
+      v = kv->second;
+      gqa = true;
+    }
+  }
+  torch::jit::Value* flag = nullptr;
+  {
+    torch::jit::WithInsertPoint guard(node);
+    flag = g.insertConstant(gqa);
+  }
+  torch::jit::Value *k_rep = node->input(1), *v_rep = node->input(2);
+  const bool ok = replace_node_by(node, "mfsdp::sdpa",
+                                  {node->input(0), k, v, node->input(3), node->input(4), node->input(5), node->input(6), flag});
+  // The repeats, when nothing else reads them.
+  if (ok && k != k_rep) {
+    drop_dead(k_rep->node());
+    if (v_rep != k_rep) drop_dead(v_rep->node());
+  }
+  return ok;
 }
 
 // ---- graph matching for the two ----------------------------------------------------------------
@@ -720,7 +958,8 @@ void drop_dead(torch::jit::Node* n) {
   static const std::set<c10::Symbol> pure = {
       c10::aten::slice, c10::aten::neg,         c10::aten::chunk,  c10::prim::ListUnpack, c10::prim::ListConstruct,
       c10::aten::Int,   c10::aten::floor_divide, c10::aten::floordiv, c10::prim::NumToTensor, c10::aten::size,
-      c10::aten::__getitem__, c10::aten::cat, c10::prim::GetAttr, c10::aten::silu};
+      c10::aten::__getitem__, c10::aten::cat, c10::prim::GetAttr, c10::aten::silu,
+      c10::aten::unsqueeze, c10::aten::expand, c10::aten::reshape, c10::aten::mul, c10::aten::repeat_interleave};
   if (!pure.count(n->kind())) return;
   for (torch::jit::Value* o : n->outputs())
     if (!o->uses().empty()) return;
@@ -1052,7 +1291,12 @@ int use_fast_gelu(torch::jit::Module& root) {
   });
 }
 
-int use_fast_rms_norm(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::rsqrt}, replace_rms); }
+int use_fast_rms_norm(torch::jit::Module& root) {
+  const int n = rewrite_nodes(root, {c10::aten::rsqrt}, replace_rms);
+  // Then the weight's multiply into the same pass where one follows (counted above already).
+  if (n > 0) rewrite_nodes(root, {c10::Symbol::fromQualString("mfsdp::rms_scale")}, replace_rms_weight);
+  return n;
+}
 
 int use_fast_rms_norm_op(torch::jit::Module& root) {
   return rewrite_nodes(root, {c10::Symbol::fromQualString("aten::rms_norm"), c10::prim::CallFunction},
@@ -1077,12 +1321,12 @@ std::string describe_fast_rotary() {
 
 std::string describe_fast_attention() {
   const int64_t ours = sdpa_kernel_calls.load(), masked = sdpa_mask_calls.load(), aten = sdpa_aten_calls.load();
-  const int64_t dropped = sdpa_dropout_calls.load();
+  const int64_t dropped = sdpa_dropout_calls.load(), grouped = sdpa_gqa_calls.load();
   return fmt::format("mfsdp's CPU attention: {} of {} calls ran its kernel ({} of them with an explicit causal "
-                     "mask, {} with dropout){}",
-                     ours, ours + aten, masked, dropped,
+                     "mask, {} with dropout, {} with fewer key/value heads than query heads){}",
+                     ours, ours + aten, masked, dropped, grouped,
                      aten ? "; the others ATen's SDPA (not fp32 nor bf16, more than 256 keys and not causal, k/v "
-                            "with fewer heads, or a mask other than the causal one)"
+                            "with fewer heads without enable_gqa, or a mask other than the causal one)"
                           : "");
 }
 
@@ -1092,8 +1336,8 @@ int use_fast_attention(torch::jit::Module& root) {
   return rewrite_nodes(root, {c10::aten::scaled_dot_product_attention}, replace_sdpa, /*into_functions=*/true);
 }
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                double dropout_p, bool causal, std::optional<double> scale) {
-  return sdpa_autograd(q, k, v, mask, dropout_p, causal, scale);
+                double dropout_p, bool causal, std::optional<double> scale, bool gqa) {
+  return sdpa_autograd(q, k, v, mask, dropout_p, causal, scale, gqa);
 }
 
 at::Tensor silu_mul(const at::Tensor& a, const at::Tensor& b) { return silu_mul_autograd(a, b); }
@@ -1108,15 +1352,18 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("rms_scale(Tensor x, float eps) -> Tensor");
   m.def("rms_norm(Tensor x, int[] normalized_shape, Tensor? weight, float? eps) -> Tensor");
+  m.def("rms_norm_weight(Tensor x, Tensor w, float eps, ScalarType? dtype) -> Tensor");
   m.def("silu_mul(Tensor a, Tensor b) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin, int dim, int split, int cat_dim) -> Tensor");
-  m.def("sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, float dropout_p, bool is_causal, float? scale) -> Tensor");
+  m.def("sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, float dropout_p, bool is_causal, float? scale, "
+        "bool enable_gqa=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("gelu_tanh", mfsdp::gelu_tanh_autograd);
   m.impl("rms_scale", mfsdp::rms_scale_autograd);
-  m.impl("rms_norm", mfsdp::rms_norm_through<mfsdp::rms_scale_autograd>);
+  m.impl("rms_norm", mfsdp::rms_norm_through<mfsdp::rms_scale_autograd, mfsdp::rms_norm_weight_autograd>);
+  m.impl("rms_norm_weight", mfsdp::rms_norm_weight_autograd);
   m.impl("silu_mul", mfsdp::silu_mul_autograd);
   m.impl("rotary", mfsdp::rotary_autograd);
   m.impl("sdpa", mfsdp::sdpa_autograd);
@@ -1125,7 +1372,8 @@ TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
 TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("gelu_tanh", mfsdp::gelu_tanh);
   m.impl("rms_scale", mfsdp::rms_scale_plain);
-  m.impl("rms_norm", mfsdp::rms_norm_through<mfsdp::rms_scale_plain>);
+  m.impl("rms_norm", mfsdp::rms_norm_through<mfsdp::rms_scale_plain, mfsdp::rms_norm_weight_plain>);
+  m.impl("rms_norm_weight", mfsdp::rms_norm_weight_plain);
   m.impl("silu_mul", mfsdp::silu_mul_plain);
   m.impl("rotary", mfsdp::rotary_plain);
   m.impl("sdpa", mfsdp::sdpa_plain);

@@ -44,16 +44,18 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 // so far, and why the others ran ATen's ops; empty when there were none.
 std::string describe_fast_rotary();
 
-// Replaces scaled_dot_product_attention(q, k, v, mask, dropout_p) without enable_gqa (causal or
-// not, any scale, dropout constant or not) by mfsdp::sdpa(q, k, v, mask, dropout_p, is_causal,
-// scale): on fp32 or bf16 CPU tensors the kernel takes (cpu_attention_takes) with no mask or
+// Replaces scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
+// (causal or not, any scale, dropout constant or not, enable_gqa constant) by mfsdp::sdpa(q, k, v,
+// mask, dropout_p, is_causal, scale, enable_gqa), keys and values that are Hugging Face's repeat_kv
+// of their heads taken before the repeat with enable_gqa (the same attention): on fp32 or bf16 CPU
+// tensors the kernel takes (cpu_attention_takes) with no mask or
 // exactly the causal one (is_causal_mask), mfsdp's attention (model/cpu_attention.h), its dropout
 // mask the numbers ATen's math attention draws (fast_dropout.h's draws, or ATen's bernoulli_ where
 // those do not replicate it); elsewhere ATen's call as the graph made it. CPU runs only; after
 // context parallelism has replaced the calls it splits. Returns the number replaced.
 int use_fast_attention(torch::jit::Module& root);
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                double dropout_p, bool causal, std::optional<double> scale);
+                double dropout_p, bool causal, std::optional<double> scale, bool gqa = false);
 // "mfsdp's CPU attention: N of M calls ran its kernel (...)": mfsdp::sdpa's calls in this process so far.
 std::string describe_fast_attention();
 

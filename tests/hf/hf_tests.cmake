@@ -673,7 +673,7 @@ endforeach()
 # mfsdp's CPU attention in an HF model: its SDPA calls pass transformers' causal mask explicitly,
 # which the kernel recognises on every call (the run's count says all of them ran it).
 add_test(NAME hf_cpu_attention_causal_mask
-         COMMAND ${EXPECT} 0 "mfsdp's CPU attention: 2 scaled_dot_product_attention call\\(s\\).*mfsdp's CPU attention: ([1-9][0-9]*) of \\1 calls ran its kernel \\(\\1 of them with an explicit causal mask, 0 with dropout\\)" --
+         COMMAND ${EXPECT} 0 "mfsdp's CPU attention: 2 scaled_dot_product_attention call\\(s\\).*mfsdp's CPU attention: ([1-9][0-9]*) of \\1 calls ran its kernel \\(\\1 of them with an explicit causal mask, 0 with dropout, \\1 with fewer key/value heads than query heads\\)" --
                  ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama.pt run_dir=${FX}/hf_cpu_attention_causal_mask
                  training.max_steps=2)
 set_tests_properties(hf_cpu_attention_causal_mask PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120)
