@@ -83,6 +83,14 @@ int main(int argc, char** argv) {
   rows.push_back({"RMS scaling x rsqrt(mean(x^2) + eps), [8, 128, 256], fp32",
                   [=] { torch::autograd::grad({h * at::rsqrt(h.pow(2).mean({-1}, true) + 1e-6)}, {h}, {gh}); },
                   [=] { torch::autograd::grad({mfsdp::rms_scale(h, 1e-6)}, {h}, {gh}); }});
+  // RMSNorm with its weight, as HF's RMSNorm computes it: weight * (x rsqrt(...)), ATen's ops against
+  // mfsdp's one weighted op (model/fast_ops.h: the weight's gradient too).
+  at::Tensor nw = (at::randn({256}) * 0.1 + 1).requires_grad_(true);
+  rows.push_back({"RMSNorm with weight w (x rsqrt(mean(x^2) + eps)), [8, 128, 256], fp32",
+                  [=] { torch::autograd::grad({nw * (h * at::rsqrt(h.pow(2).mean({-1}, true) + 1e-6))}, {h, nw}, {gh}); },
+                  [=] {
+                    torch::autograd::grad({mfsdp::rms_norm_weight(h, nw, 1e-6)}, {h, nw}, {gh});
+                  }});
   // Dropout 0.2 on a nanoGPT residual, [8, 256, 384] (model/fast_dropout.h: ATen's masks, drawn by
   // mfsdp where ATen draws element by element; on Intel CPUs both sides are ATen's), and causal
   // attention with dropout 0.2 at nanoGPT's [8, 6, 256, 64] (ATen: its math attention).
@@ -123,6 +131,23 @@ int main(int argc, char** argv) {
                     },
                     [=] {
                       at::Tensor o = mfsdp::sdpa(aq, ak, av, std::nullopt, 0.0, true, std::nullopt);
+                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
+                    }});
+  }
+  // Grouped-query causal attention, 4 query heads reading 2 key/value heads, [8, 4, 128, 64]:
+  // ATen's SDPA with enable_gqa against mfsdp::sdpa with it (the kernels read each key/value head in
+  // place); the gradients of k and v have 2 heads.
+  {
+    auto heads = [](int64_t h) { return at::randn({8, 128, h, 64}).transpose(1, 2).detach().requires_grad_(true); };
+    at::Tensor aq = heads(4), ak = heads(2), av = heads(2), ag = at::randn({8, 4, 128, 64});
+    rows.push_back({"causal attention, 4 query heads on 2 key/value heads (enable_gqa), [8, 4, 128, 64], fp32",
+                    [=] {
+                      at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.0, true,
+                                                                      std::nullopt, true);
+                      torch::autograd::grad({o}, {aq, ak, av}, {ag});
+                    },
+                    [=] {
+                      at::Tensor o = mfsdp::sdpa(aq, ak, av, std::nullopt, 0.0, true, std::nullopt, true);
                       torch::autograd::grad({o}, {aq, ak, av}, {ag});
                     }});
   }

@@ -40,6 +40,14 @@ def worker(rank, a):
     if a.jit:
         model = torch.jit.load(a.jit)  # the very file mfsdp trains
         model.train()
+    elif a.hf:
+        # The transformers model a file of scripts/export_hf.py was traced from, built in Python from
+        # the config the file holds, with its initial weights (the oracle's loader): what an HF user
+        # trains in PyTorch.
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "oracle"))
+        import reference_trainer
+        model = reference_trainer.load_reference_model(a.hf)[0]
+        model.train()
     else:
         margs = export_model.argparse.Namespace(**{**vars(export_model_defaults()), "arch": a.arch,
                                                    **parse_kv(a.model_args)})
@@ -53,7 +61,9 @@ def worker(rank, a):
         mesh = init_device_mesh("cpu", (a.procs,))
         mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.bf16 \
             else MixedPrecisionPolicy()
-        blocks = model.blocks if hasattr(model, "blocks") else model.layers
+        blocks = next(b for b in (getattr(model, "blocks", None), getattr(model, "layers", None),
+                                  getattr(getattr(model, "model", None), "layers", None),
+                                  getattr(getattr(model, "transformer", None), "h", None)) if b is not None)
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=mp_policy)
         fully_shard(model, mesh=mesh, mp_policy=mp_policy)
@@ -111,6 +121,7 @@ def main():
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (Inductor)")
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) over --procs processes instead of DDP")
     ap.add_argument("--jit", help="train this TorchScript file instead of the eager model")
+    ap.add_argument("--hf", help="train the transformers model of this scripts/export_hf.py file (Python, not its trace)")
     a = ap.parse_args()
     if a.procs > 1:
         mp.spawn(worker, args=(a,), nprocs=a.procs)

@@ -1304,6 +1304,9 @@ int use_fast_rms_norm_op(torch::jit::Module& root) {
 }
 
 at::Tensor rms_scale(const at::Tensor& x, double eps) { return rms_scale_autograd(x, eps); }
+at::Tensor rms_norm_weight(const at::Tensor& x, const at::Tensor& w, double eps, std::optional<at::ScalarType> dtype) {
+  return rms_norm_weight_autograd(x, w, eps, dtype);
+}
 
 int use_fast_swiglu(torch::jit::Module& root) { return rewrite_nodes(root, {c10::aten::mul}, replace_silu_mul); }
 

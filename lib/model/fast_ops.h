@@ -19,11 +19,18 @@ int use_fast_gelu(torch::jit::Module& root);
 
 // Replaces x * rsqrt(mean(pow(x, 2), [-1], keepdim) + eps), RMSNorm's scaling as HF's traced and
 // mfsdp's scripted RMSNorm modules write it, by mfsdp::rms_scale(x, eps): one pass over each row
-// forward and one backward, for the five ops forward and their backwards. Returns the number replaced.
+// forward and one backward, for the five ops forward and their backwards; then a product of that
+// with a weight (through one cast or none: HF's `weight * y.to(dtype)`) by
+// mfsdp::rms_norm_weight(x, w, eps, dtype). Returns the number of scalings replaced.
 int use_fast_rms_norm(torch::jit::Module& root);
 at::Tensor rms_scale(const at::Tensor& x, double eps);
+// w * rms_scale(x, eps).to(dtype) (dtype none: no cast) in one pass forward and one backward (the
+// weight's gradient too) where x is fp32 CPU rows, w one fp32 element per column and dtype fp32
+// or none; elsewhere those ops.
+at::Tensor rms_norm_weight(const at::Tensor& x, const at::Tensor& w, double eps,
+                           std::optional<at::ScalarType> dtype = std::nullopt);
 // Replaces aten::rms_norm(x, [D], weight, eps) (torch.nn.RMSNorm, F.rms_norm) by mfsdp::rms_norm:
-// on fp32 CPU rows, mfsdp::rms_scale's kernel times the weight; elsewhere ATen's rms_norm itself.
+// on fp32 CPU rows, mfsdp::rms_norm_weight's kernel; elsewhere ATen's rms_norm itself.
 // CPU only (on a GPU ATen's rms_norm is already one fused kernel). Returns the number replaced.
 int use_fast_rms_norm_op(torch::jit::Module& root);
 
