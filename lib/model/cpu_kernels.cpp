@@ -366,7 +366,9 @@ MFSDP_CLONES void rotary_backward_bf16(const uint16_t* g, int64_t gs, const uint
 
 // RMS scaling: y = x r, r = 1 / sqrt(mean(x^2) + eps) per row of d; the backward of y with
 // respect to x is dx = r g - x r^3 mean(g x).
-MFSDP_CLONES void rms_scale_forward(const float* x, float* y, float* r, int64_t rows, int64_t d, double eps) {
+// Both forwards: y = x r, then times w when there is one (kWeight), rounded after each product.
+template <bool kWeight>
+inline void rms_forward_rows(const float* x, const float* w, float* y, float* r, int64_t rows, int64_t d, double eps) {
   for (int64_t row = 0; row < rows; ++row) {
     const float* xr = x + row * d;
     float* yr = y + row * d;
@@ -374,9 +376,16 @@ MFSDP_CLONES void rms_scale_forward(const float* x, float* y, float* r, int64_t 
     r[row] = inv;
     const vf vinv = splat(inv);
     int64_t i = 0;
-    for (; i + kLanes <= d; i += kLanes) store(yr + i, load(xr + i) * vinv);
-    for (; i < d; ++i) yr[i] = xr[i] * inv;
+    for (; i + kLanes <= d; i += kLanes) {
+      const vf v = load(xr + i) * vinv;
+      if constexpr (kWeight) store(yr + i, v * load(w + i)); else store(yr + i, v);
+    }
+    for (; i < d; ++i) yr[i] = kWeight ? (xr[i] * inv) * w[i] : xr[i] * inv;
   }
+}
+
+MFSDP_CLONES void rms_scale_forward(const float* x, float* y, float* r, int64_t rows, int64_t d, double eps) {
+  rms_forward_rows<false>(x, nullptr, y, r, rows, d, eps);
 }
 
 MFSDP_CLONES void rms_scale_backward(const float* g, const float* x, const float* r, float* dx, int64_t rows,
@@ -396,16 +405,7 @@ MFSDP_CLONES void rms_scale_backward(const float* g, const float* x, const float
 
 MFSDP_CLONES void rms_norm_forward(const float* x, const float* w, float* y, float* r, int64_t rows, int64_t d,
                                    double eps) {
-  for (int64_t row = 0; row < rows; ++row) {
-    const float* xr = x + row * d;
-    float* yr = y + row * d;
-    const float inv = 1.0f / __builtin_sqrtf(dot(xr, xr, d) / float(d) + float(eps));
-    r[row] = inv;
-    const vf vinv = splat(inv);
-    int64_t i = 0;
-    for (; i + kLanes <= d; i += kLanes) store(yr + i, (load(xr + i) * vinv) * load(w + i));
-    for (; i < d; ++i) yr[i] = (xr[i] * inv) * w[i];
-  }
+  rms_forward_rows<true>(x, w, y, r, rows, d, eps);
 }
 
 // Per row: u = g w into dx (the row's output, read back by the second pass), c = r^3 mean(u x), then
