@@ -182,7 +182,10 @@ TEST_CASE("RMSNorm's weight joins the scaling kernel: HF's `weight * x.to(dtype)
         c = self.w.to(15) * h3.to(15)  # 15: torch.bfloat16
         h4 = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
         d = h4 * m
-        return a + b + c.float() + d
+        # mfsdp's scripted RMSNorm (scripts/export_model.py): a cast to a dtype the graph reads
+        h5 = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        e = h5.to(x.dtype) * self.v
+        return a + b + c.float() + d + e
   )");
   at::manual_seed(11);
   const at::Tensor w = m.attr("w").toTensor(), v = m.attr("v").toTensor();
@@ -196,11 +199,13 @@ TEST_CASE("RMSNorm's weight joins the scaling kernel: HF's `weight * x.to(dtype)
       at::Tensor full = at::randn({rows, 64});  // a multiplier of x's shape: not a weight
       at::Tensor want = mc.forward({x, full}).toTensor();
       auto gw = torch::autograd::grad({want.sum()}, {x, wc, vc});
-      REQUIRE(use_fast_rms_norm(mc) == 4);
+      REQUIRE(use_fast_rms_norm(mc) == 5);
       const std::string graph = mc.get_method("forward").graph()->toString();
-      // a and b take the weight (the bf16 cast of c and the full-shaped d are rewritten too, and
-      // computed as before at run time: the dtype, or a multiplier that is not one per column).
+      // a, b and e take the weight (the bf16 cast of c and the full-shaped d are rewritten too, and
+      // computed as before at run time: the dtype, or a multiplier that is not one per column):
+      // no product is left.
       CHECK(graph.find("mfsdp::rms_norm_weight") != std::string::npos);
+      CHECK(graph.find("aten::mul") == std::string::npos);
       at::Tensor got = mc.forward({x, full}).toTensor();
       auto gg = torch::autograd::grad({got.sum()}, {x, wc, vc});
       INFO("threads " << t << ", rows " << rows);
