@@ -646,15 +646,29 @@ TEST_CASE("Attention: keys and values repeated by HF's repeat_kv are taken befor
         d = x.size(3)
         return x[:, :, None, :, :].expand(b, kv, n, t, d).reshape(b, kv * n, t, d)
 
+    def rep2(self, x, n: int):
+        b = x.size(0)
+        t = x.size(1)
+        kv = x.size(2)
+        d = x.size(3)
+        return x[:, :, :, None, :].expand(b, t, kv, n, d).reshape(b, t, kv * n, d)
+
     def forward(self, q, k, v):
         a = torch.scaled_dot_product_attention(q, self.rep(k, 3), self.rep(v, 3), None, 0.0, True)
+        # torchtitan's layout: repeated as [B, T, H, D], then transposed (its repeat_kv, and repeat_interleave)
+        kt = k.transpose(1, 2)
+        vt = v.transpose(1, 2)
+        d = torch.scaled_dot_product_attention(q, self.rep2(kt, 3).transpose(1, 2), self.rep2(vt, 3).transpose(1, 2),
+                                               None, 0.0, True)
+        e = torch.scaled_dot_product_attention(q, kt.repeat_interleave(3, dim=2).transpose(1, 2),
+                                               vt.repeat_interleave(3, dim=2).transpose(1, 2), None, 0.0, True)
         # near misses: k and v repeated differently; a repeat along another dimension
         kk = torch.cat([k, k, k], 1)
         b = torch.scaled_dot_product_attention(q, kk, self.rep(v, 3), None, 0.0, True)
         # repeat_interleave over the heads (scripted GQA), by a count the graph computes
         n = q.size(1) // k.size(1)
         c = torch.scaled_dot_product_attention(q, k.repeat_interleave(n, dim=1), v.repeat_interleave(n, dim=1))
-        return a + b + c
+        return a + b + c + d + e
   )");
   auto graph = m.get_method("forward").graph();
   torch::jit::Inline(*graph);
@@ -664,10 +678,10 @@ TEST_CASE("Attention: keys and values repeated by HF's repeat_kv are taken befor
   at::Tensor g = at::randn({2, 6, 24, 8});
   at::Tensor want = m.forward({q, k, v}).toTensor();
   auto gw = torch::autograd::grad({want}, {q, k, v}, {g});
-  REQUIRE(use_fast_attention(m) == 3);
+  REQUIRE(use_fast_attention(m) == 5);
   const std::string text = m.get_method("forward").graph()->toString();
   INFO(text);
-  // a's and c's k and v are the unrepeated ones (one expand left: b's v), with enable_gqa.
+  // a's, c's, d's and e's k and v are the unrepeated ones (one expand left: b's v), with enable_gqa.
   auto count = [&](const std::string& what) {
     size_t n = 0;
     for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;

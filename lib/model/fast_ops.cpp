@@ -830,21 +830,34 @@ std::optional<std::pair<torch::jit::Value*, int64_t>> size_of(torch::jit::Value*
   return std::make_pair(n->input(0), d->toInt());
 }
 
-// Hugging Face's repeat_kv(x, n_rep) as a trace records it: x[:, :, None, :, :] (full slices around
-// an unsqueeze at 2), .expand(b, kv, n_rep, t, d) with b, kv, t, d the sizes of x, .reshape(b,
-// kv * n_rep, t, d) (whose dims 0, 2 and 3 are x's: so its dim 1 can only be kv * n_rep). Returns
-// (x, n_rep), or nothing for anything else.
-std::optional<std::pair<torch::jit::Value*, int64_t>> repeat_kv_of(torch::jit::Value* v) {
+// A repeat of the heads of a 4-D x along dimension `heads` (1: [B, H, T, D], as attention takes it;
+// 2: [B, T, H, D], before the transpose), each head n times in place (head h of the result is
+// head h / n of x), in the two spellings models use; returns (x, n as a graph value) or nothing:
+// - Hugging Face's repeat_kv as a trace records it (heads 1): x[:, :, None] (full slices around an
+//   unsqueeze at heads + 1), .expand(...) with x's sizes and the constant n there, .reshape(...)
+//   whose other dims are x's (so the heads' dim can only be kv * n); torchtitan's repeat_kv is
+//   the same at heads 2 ([B, T, H, D]: x[:, :, :, None, :]);
+// - x.repeat_interleave(n, dim=heads) (scripted GQA: `k.repeat_interleave(h // hkv, dim=1)`).
+std::optional<std::pair<torch::jit::Value*, torch::jit::Value*>> repeat_of(torch::jit::Value* v, int64_t heads) {
   using torch::jit::Node;
   using torch::jit::Value;
-  Node* reshape = v->node();
+  Node* node = v->node();
+  if (node->kind() == c10::aten::repeat_interleave) {
+    if (node->inputs().size() != 4 || node->input(1)->type()->kind() != c10::TypeKind::IntType ||
+        constant_int(node->input(2)) != heads)
+      return std::nullopt;
+    auto size = torch::jit::toIValue(node->input(3));
+    if (!size || !size->isNone()) return std::nullopt;
+    return std::make_pair(node->input(0), node->input(1));
+  }
+  Node* reshape = node;
   if (reshape->kind() != c10::aten::reshape || reshape->inputs().size() != 2) return std::nullopt;
   Node* expand = reshape->input(0)->node();
   if (expand->kind() != c10::aten::expand || expand->inputs().size() != 3) return std::nullopt;
   Value* x = expand->input(0);
   while (Value* in = through_full_slice(x)) x = in;
   Node* unsq = x->node();
-  if (unsq->kind() != c10::aten::unsqueeze || constant_int(unsq->input(1)) != 2) return std::nullopt;
+  if (unsq->kind() != c10::aten::unsqueeze || constant_int(unsq->input(1)) != heads + 1) return std::nullopt;
   x = unsq->input(0);
   while (Value* in = through_full_slice(x)) x = in;
   Node* sizes = expand->input(1)->node();
@@ -852,41 +865,46 @@ std::optional<std::pair<torch::jit::Value*, int64_t>> repeat_kv_of(torch::jit::V
   if (sizes->kind() != c10::prim::ListConstruct || sizes->inputs().size() != 5 ||
       shape->kind() != c10::prim::ListConstruct || shape->inputs().size() != 4)
     return std::nullopt;
-  const std::optional<int64_t> n_rep = constant_int(sizes->input(2));
-  if (!n_rep || *n_rep < 1) return std::nullopt;
+  Value* n = sizes->input(size_t(heads + 1));
+  if (!constant_int(n) || *constant_int(n) < 1) return std::nullopt;
   auto is_size = [&](Value* s, int64_t d) {
     auto sz = size_of(s);
     return sz && sz->first == x && sz->second == d;
   };
-  if (!is_size(sizes->input(0), 0) || !is_size(sizes->input(1), 1) || !is_size(sizes->input(3), 2) ||
-      !is_size(sizes->input(4), 3) || !is_size(shape->input(0), 0) || !is_size(shape->input(2), 2) ||
-      !is_size(shape->input(3), 3))
-    return std::nullopt;
-  return std::make_pair(x, *n_rep);
+  for (int64_t i = 0; i < 5; ++i)  // expand: x's dims around the new one
+    if (i != heads + 1 && !is_size(sizes->input(size_t(i)), i < heads + 1 ? i : i - 1)) return std::nullopt;
+  for (int64_t j = 0; j < 4; ++j)  // reshape: x's dims but the heads'
+    if (j != heads && !is_size(shape->input(size_t(j)), j)) return std::nullopt;
+  return std::make_pair(x, n);
 }
 
-// repeat_interleave(x, n, dim=1) of a [B, H, T, D] tensor (mfsdp's and torchtitan-style scripted
-// GQA: `k.repeat_interleave(h // hkv, dim=1)`), which repeats heads as repeat_kv does: (x, n), n
-// a graph value (compared by identity or constant value with the other operand's).
-std::optional<std::pair<torch::jit::Value*, torch::jit::Value*>> repeat_interleave_of(torch::jit::Value* v) {
-  torch::jit::Node* n = v->node();
-  if (n->kind() != c10::aten::repeat_interleave || n->inputs().size() != 4) return std::nullopt;
-  if (n->input(1)->type()->kind() != c10::TypeKind::IntType || constant_int(n->input(2)) != 1) return std::nullopt;
-  auto size = torch::jit::toIValue(n->input(3));
-  if (!size || !size->isNone()) return std::nullopt;
-  return std::make_pair(n->input(0), n->input(1));
+// Whether two repeat counts are the same: one graph value, or equal constants.
+bool same_count(torch::jit::Value* a, torch::jit::Value* b) {
+  const auto ca = constant_int(a), cb = constant_int(b);
+  return a == b || (ca && cb && *ca == *cb);
 }
 
-// The key/value pair before a head repeat both went through, the same for both: HF's repeat_kv or
-// repeat_interleave over dim 1, by the same count.
-std::optional<std::pair<torch::jit::Value*, torch::jit::Value*>> unrepeated(torch::jit::Value* k, torch::jit::Value* v) {
-  if (auto rk = repeat_kv_of(k), rv = repeat_kv_of(v); rk && rv && rk->second == rv->second)
-    return std::make_pair(rk->first, rv->first);
-  auto ik = repeat_interleave_of(k), iv = repeat_interleave_of(v);
-  if (!ik || !iv) return std::nullopt;
-  const auto ck = constant_int(ik->second), cv = constant_int(iv->second);
-  if (ik->second != iv->second && !(ck && cv && *ck == *cv)) return std::nullopt;
-  return std::make_pair(ik->first, iv->first);
+// Keys and values before a head repeat both went through by the same count: repeated as attention
+// takes them ([B, H, T, D]), or repeated as [B, T, H, D] and then transposed(1, 2) (torchtitan's
+// layout; `transposed` says so: the caller transposes the unrepeated ones).
+struct Unrepeated {
+  torch::jit::Value *k, *v;
+  bool transposed;
+};
+std::optional<Unrepeated> unrepeated(torch::jit::Value* k, torch::jit::Value* v) {
+  if (auto rk = repeat_of(k, 1), rv = repeat_of(v, 1); rk && rv && same_count(rk->second, rv->second))
+    return Unrepeated{rk->first, rv->first, false};
+  auto swapped_12 = [](torch::jit::Value* t) -> torch::jit::Value* {
+    torch::jit::Node* n = t->node();
+    if (n->kind() != c10::aten::transpose || n->inputs().size() != 3) return nullptr;
+    const auto a = constant_int(n->input(1)), b = constant_int(n->input(2));
+    return a && b && std::min(*a, *b) == 1 && std::max(*a, *b) == 2 ? n->input(0) : nullptr;
+  };
+  torch::jit::Value *tk = swapped_12(k), *tv = swapped_12(v);
+  if (!tk || !tv) return std::nullopt;
+  if (auto rk = repeat_of(tk, 2), rv = repeat_of(tv, 2); rk && rv && same_count(rk->second, rv->second))
+    return Unrepeated{rk->first, rv->first, true};
+  return std::nullopt;
 }
 
 // aten::scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, scale[, enable_gqa])
@@ -894,8 +912,8 @@ std::optional<std::pair<torch::jit::Value*, torch::jit::Value*>> unrepeated(torc
 // is_causal, scale, enable_gqa); whether a mask is the causal one, and the dropout probability (a
 // constant, or one that follows the module's training flag: nanoGPT's `p if self.training else 0`,
 // graph_rewrite.h's p * float(training)), are known only at run time. Keys and values that are
-// both repeated by the same count (HF's repeat_kv, or repeat_interleave over the heads: unrepeated)
-// are taken before the repeat, with enable_gqa, which computes the same attention (ATen's
+// both repeated by the same count (HF's or torchtitan's repeat_kv, or repeat_interleave over the
+// heads: unrepeated) are taken before the repeat, with enable_gqa, which computes the same attention (ATen's
 // enable_gqa repeats the heads as both do: query head h reads key/value head h / n): mfsdp's
 // kernel then reads each key/value head in place for its query heads, and the repeat's copy
 // forward and its sum backward go.
@@ -911,16 +929,20 @@ bool replace_sdpa(torch::jit::Node* node) {
     gqa = c->toBool();
   }
   torch::jit::Value *k = node->input(1), *v = node->input(2);
-  if (!gqa) {
-    if (auto kv = unrepeated(k, v)) {
-      k = kv->first;
-      v = kv->second;
-      gqa = true;
-    }
-  }
   torch::jit::Value* flag = nullptr;
   {
     torch::jit::WithInsertPoint guard(node);
+    if (!gqa) {
+      if (auto kv = unrepeated(k, v)) {
+        k = kv->k;
+        v = kv->v;
+        if (kv->transposed) {
+          k = g.insert(c10::aten::transpose, {k, 1, 2});
+          v = g.insert(c10::aten::transpose, {v, 1, 2});
+        }
+        gqa = true;
+      }
+    }
     flag = g.insertConstant(gqa);
   }
   torch::jit::Value *k_rep = node->input(1), *v_rep = node->input(2);
@@ -959,7 +981,8 @@ void drop_dead(torch::jit::Node* n) {
       c10::aten::slice, c10::aten::neg,         c10::aten::chunk,  c10::prim::ListUnpack, c10::prim::ListConstruct,
       c10::aten::Int,   c10::aten::floor_divide, c10::aten::floordiv, c10::prim::NumToTensor, c10::aten::size,
       c10::aten::__getitem__, c10::aten::cat, c10::prim::GetAttr, c10::aten::silu,
-      c10::aten::unsqueeze, c10::aten::expand, c10::aten::reshape, c10::aten::mul, c10::aten::repeat_interleave};
+      c10::aten::unsqueeze, c10::aten::expand, c10::aten::reshape, c10::aten::mul, c10::aten::repeat_interleave,
+      c10::aten::transpose};
   if (!pure.count(n->kind())) return;
   for (torch::jit::Value* o : n->outputs())
     if (!o->uses().empty()) return;

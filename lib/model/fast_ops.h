@@ -53,8 +53,9 @@ std::string describe_fast_rotary();
 
 // Replaces scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa)
 // (causal or not, any scale, dropout constant or not, enable_gqa constant) by mfsdp::sdpa(q, k, v,
-// mask, dropout_p, is_causal, scale, enable_gqa), keys and values that are Hugging Face's repeat_kv
-// of their heads taken before the repeat with enable_gqa (the same attention): on fp32 or bf16 CPU
+// mask, dropout_p, is_causal, scale, enable_gqa), keys and values that are repeats of their heads
+// (HF's or torchtitan's repeat_kv, repeat_interleave) taken before the repeat with enable_gqa (the
+// same attention): on fp32 or bf16 CPU
 // tensors the kernel takes (cpu_attention_takes) with no mask or
 // exactly the causal one (is_causal_mask), mfsdp's attention (model/cpu_attention.h), its dropout
 // mask the numbers ATen's math attention draws (fast_dropout.h's draws, or ATen's bernoulli_ where
