@@ -66,7 +66,12 @@ def main():
             fail(f"rank {r}: mfsdp::step counted {phases['mfsdp::step'][1]} times, expected {last - first + 1}")
         step_ms = float(phases["mfsdp::step"][2])
         print(f"rank {r}: {step_ms:.1f} ms per step in the profile, {metrics_ms:.1f} ms in metrics.jsonl (rank 0)")
-        if r == 0 and abs(step_ms - metrics_ms) > 0.1 * metrics_ms + 2:
+        # The same step seen by two clocks whose spans differ by the step's edges: a window of one
+        # ~20 ms step on a shared 2-core machine running the suite two tests at a time can lose a
+        # few ms to preemption in one span and not the other (the 10% + 2 ms bound failed once,
+        # 2026-12-07, and passed on every rerun). What this guards, the profile's steps being the
+        # metrics' steps (not a sum of several, nor part of one), a 25% + 5 ms bound still does.
+        if r == 0 and abs(step_ms - metrics_ms) > 0.25 * metrics_ms + 5:
             fail(f"rank 0: the profile's step time {step_ms} ms is not the metrics' {metrics_ms:.1f} ms")
         ops = table(text, "Operators by self host time")
         names = [row[0] for row in ops]
