@@ -101,15 +101,17 @@ at::Tensor rms_scale_aten(const at::Tensor& x, double eps) {
   return x * at::rsqrt(x.pow(2).mean({-1}, /*keepdim=*/true) + eps);
 }
 
-// y = x r per row, r = 1 / sqrt(mean(x^2) + eps) into `r` (rows of the last dimension).
-at::Tensor rms_forward(const at::Tensor& xc, double eps, at::Tensor& r) {
+// y = x r per row, r = 1 / sqrt(mean(x^2) + eps) into `r` (rows of the last dimension); times the
+// weight w (one float per column) when given.
+at::Tensor rms_forward(const at::Tensor& xc, double eps, at::Tensor& r, const float* w = nullptr) {
   const int64_t d = xc.size(-1), rows = xc.numel() / d;
   at::Tensor y = at::empty_like(xc);
   r = at::empty({rows}, xc.options());
   const float* in = xc.const_data_ptr<float>();
   float *out = y.mutable_data_ptr<float>(), *rr = r.mutable_data_ptr<float>();
   at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / d), [&](int64_t b, int64_t e) {
-    rms_scale_forward(in + b * d, out + b * d, rr + b, e - b, d, eps);
+    if (w) rms_norm_forward(in + b * d, w, out + b * d, rr + b, e - b, d, eps);
+    else rms_scale_forward(in + b * d, out + b * d, rr + b, e - b, d, eps);
   });
   return y;
 }
@@ -183,18 +185,6 @@ bool rms_weight_ours(const at::Tensor& x, const at::Tensor& w) {
          w.dim() == 1 && w.size(0) == x.size(-1);
 }
 
-at::Tensor rms_norm_weight_forward(const at::Tensor& xc, const at::Tensor& wc, double eps, at::Tensor& r) {
-  const int64_t d = xc.size(-1), rows = xc.numel() / d;
-  at::Tensor y = at::empty_like(xc);
-  r = at::empty({rows}, xc.options());
-  const float *in = xc.const_data_ptr<float>(), *w = wc.const_data_ptr<float>();
-  float *out = y.mutable_data_ptr<float>(), *rr = r.mutable_data_ptr<float>();
-  at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / d), [&](int64_t b, int64_t e) {
-    rms_norm_forward(in + b * d, w, out + b * d, rr + b, e - b, d, eps);
-  });
-  return y;
-}
-
 // The weight's gradient is a sum over all rows: the rows split into one part per ATen thread, each
 // part adds its rows into a row of `partial` of its own, and those rows are summed at the end (one
 // thread: one part, no sum). Parts, not thread ids, index `partial`: the same result however the
@@ -203,7 +193,7 @@ struct RmsNormWeight : public torch::autograd::Function<RmsNormWeight> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, double eps) {
     const at::Tensor xc = x.contiguous(), wc = w.contiguous();
     at::Tensor r;
-    at::Tensor y = rms_norm_weight_forward(xc, wc, eps, r);
+    at::Tensor y = rms_forward(xc, eps, r, wc.const_data_ptr<float>());
     ctx->save_for_backward({xc, wc, r});
     return y;
   }
@@ -249,7 +239,8 @@ at::Tensor rms_norm_weight_plain(const at::Tensor& x, const at::Tensor& w, doubl
   if (!rms_weight_ours(x, w) || (dtype && *dtype != at::kFloat))
     return rms_norm_weight_ops(x, w, eps, dtype, rms_scale_plain);
   at::Tensor r;
-  return rms_norm_weight_forward(x.contiguous(), w.contiguous(), eps, r);
+  const at::Tensor wc = w.contiguous();
+  return rms_forward(x.contiguous(), eps, r, wc.const_data_ptr<float>());
 }
 
 // mfsdp::rms_norm with or without autograd: `Scale` is rms_scale_autograd or rms_scale_plain, and
@@ -815,8 +806,8 @@ torch::jit::Value* through_full_slice(torch::jit::Value* v) {
   return from0 && to_end && step->isInt() && step->toInt() == 1 ? n->input(0) : nullptr;
 }
 
-// (t, d) when v is size(t, d) with a constant d, possibly through the int/tensor round trips a
-// trace records (aten::Int(prim::NumToTensor(size(t, d)))).
+// (t, d) when v is size(t, d) or size(t)[d] with a constant d, possibly through the int/tensor
+// round trips a trace records (aten::Int(prim::NumToTensor(size(t, d)))).
 std::optional<std::pair<torch::jit::Value*, int64_t>> size_of(torch::jit::Value* v) {
   for (;;) {
     const c10::Symbol k = v->node()->kind();
@@ -824,10 +815,16 @@ std::optional<std::pair<torch::jit::Value*, int64_t>> size_of(torch::jit::Value*
     v = v->node()->input(0);
   }
   torch::jit::Node* n = v->node();
+  if (n->kind() == c10::aten::__getitem__ && n->inputs().size() == 2) {  // scripted: size(t)[d]
+    torch::jit::Node* sz = n->input(0)->node();
+    auto d = constant_int(n->input(1));
+    if (sz->kind() != c10::aten::size || sz->inputs().size() != 1 || !d) return std::nullopt;
+    return std::make_pair(sz->input(0), *d);
+  }
   if (n->kind() != c10::aten::size || n->inputs().size() != 2) return std::nullopt;
-  auto d = torch::jit::toIValue(n->input(1));
-  if (!d || !d->isInt()) return std::nullopt;
-  return std::make_pair(n->input(0), d->toInt());
+  auto d = constant_int(n->input(1));
+  if (!d) return std::nullopt;
+  return std::make_pair(n->input(0), *d);
 }
 
 // A repeat of the heads of a 4-D x along dimension `heads` (1: [B, H, T, D], as attention takes it;
@@ -1060,16 +1057,8 @@ bool is_half_size(torch::jit::Value* v, torch::jit::Value* x, int64_t dim) {
   if ((n->kind() != c10::aten::floor_divide && n->kind() != c10::aten::floordiv) || n->inputs().size() != 2 ||
       constant_number(n->input(1)) != 2.0)
     return false;
-  torch::jit::Node* s = n->input(0)->node();
-  if (s->kind() == c10::prim::NumToTensor) s = s->input(0)->node();
-  if (s->kind() == c10::aten::size && s->inputs().size() == 2)
-    return s->input(0) == x && constant_int(s->input(1)) == dim;
-  if (s->kind() == c10::aten::__getitem__ && s->inputs().size() == 2) {
-    torch::jit::Node* sz = s->input(0)->node();
-    return sz->kind() == c10::aten::size && sz->inputs().size() == 1 && sz->input(0) == x &&
-           constant_int(s->input(1)) == dim;
-  }
-  return false;
+  const auto sz = size_of(n->input(0));
+  return sz && sz->first == x && sz->second == dim;
 }
 
 // rotate_half(x) as `r` computes it: cat([neg(x2), x1], cat_dim) where x1, x2 are x.chunk(2, dim) or
