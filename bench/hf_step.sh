@@ -11,6 +11,9 @@
 # Needs the demo's data (scripts/demo.sh prepares it).
 #   bench/hf_step.sh [STEPS]
 #   ROWS=1t,2t,dp2 MODELS="llama qwen2 gpt2" bench/hf_step.sh
+# ATTENTION=eager: exported and trained by PyTorch with attn_implementation="eager" (softmax(q k^T) v
+# written out; the export routes it through mfsdp::attention), written to OUT (default
+# bench/results_hf_step_eager.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-25}
@@ -18,7 +21,8 @@ MFSDP=${MFSDP:-build/bin/mfsdp}
 PY=${PY:-.venv/bin/python}
 ROWS=${ROWS:-1t,2t,dp2}
 MODELS=${MODELS:-llama qwen2 gpt2}
-OUT=${OUT:-bench/results_hf_step.md}
+ATTENTION=${ATTENTION:-auto}
+if [ "$ATTENTION" = eager ]; then OUT=${OUT:-bench/results_hf_step_eager.md}; else OUT=${OUT:-bench/results_hf_step.md}; fi
 want() { [[ ",$ROWS," == *",$1,"* ]]; }
 DATA=runs/demo/data/kjv
 [ -f "$DATA.idx" ] || { echo "run scripts/demo.sh first (it prepares $DATA)"; exit 1; }
@@ -36,7 +40,7 @@ export_one() {  # family -> $W/family.pt
     gpt2) args=(--family gpt2 --set vocab_size=264 n_embd=256 n_layer=4 n_head=4 n_positions=128) ;;
     *) echo "unknown model $1 (llama, qwen2, gpt2)" >&2; exit 2 ;;
   esac
-  "$PY" scripts/export_hf.py "${args[@]}" --out "$W/$1.pt" > "$W/export_$1.log" 2>&1 || { cat "$W/export_$1.log" >&2; exit 1; }
+  "$PY" scripts/export_hf.py "${args[@]}" --attention "$ATTENTION" --out "$W/$1.pt" > "$W/export_$1.log" 2>&1 || { cat "$W/export_$1.log" >&2; exit 1; }
 }
 median() { python3 -c "import json,statistics,sys; t=[json.loads(l)['step_time_s'] for l in open(sys.argv[1])][5:]; print(f'{1000*statistics.median(t):.1f}')" "$1/metrics.jsonl"; }
 run_mfsdp() {  # name np extra...
@@ -78,11 +82,11 @@ done
 {
   echo "# Hugging Face models: mfsdp vs the same transformers model in PyTorch eager and torch.compile, same run"
   echo
-  echo "Written by ROWS=$ROWS MODELS=\"$MODELS\" bench/hf_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
+  echo "Written by ATTENTION=$ATTENTION ROWS=$ROWS MODELS=\"$MODELS\" bench/hf_step.sh $STEPS on $(date -u +%Y-%m-%d) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)),"
   echo "mfsdp of commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- lib apps || echo ' with uncommitted changes'), PyTorch $("$PY" -c 'import torch; print(torch.__version__)'), transformers $("$PY" -c 'import transformers; print(transformers.__version__)')."
   echo "Each model exported by scripts/export_hf.py from a config (4 layers x 256, 4 heads, vocabulary 264; Llama and"
   echo "Qwen2 with 2 key/value heads and an MLP of 688); mfsdp trains the file, PyTorch the transformers model built"
-  echo "from the config the file holds, with its initial weights (bench/pytorch_step.py --hf; sdpa attention). Seq 128,"
+  echo "from the config the file holds, with its initial weights (bench/pytorch_step.py --hf; attention: $ATTENTION). Seq 128,"
   echo "micro-batch 8 per process, AdamW, clipping 1.0, KJV byte-level data, fp32; median ms per step of steps 6..$STEPS."
   echo "torch.compile: the model through Inductor, the optimizer eager, compilation outside the median."
   echo

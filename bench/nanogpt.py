@@ -5,9 +5,12 @@ Written for the benchmark (not scripts/export_model.py's GPT): nanoGPT's layout 
 mfsdp must take as a user's file comes: exact GELU, biases, a tied output head, embedding dropout,
 attention dropout given to scaled_dot_product_attention as `p if self.training else 0`, and residual
 dropout through nn.Dropout (a function call in the saved script). The attention core is a module of
-its own, as mfsdp's contract asks (README, "Exporting a model").
+its own, as mfsdp's contract asks (README, "Exporting a model"). `--attention written` makes that
+core nanoGPT's fallback for a torch without flash attention, softmax(q k^T) v written out with a
+tril buffer, F.softmax and an nn.Dropout on the probabilities (bench/dropout.sh ATTENTION=written).
 
     nanogpt.py export --out F [--layers 6 --d-model 384 --heads 6 --vocab 264 --block 256 --dropout 0.2]
+                              [--attention sdpa|written]
     nanogpt.py step --data PREFIX --micro 8 --seq 256 --steps 15 --threads 1 [same model flags] [--bf16] [--compile]
 The second trains the same model (same seed, so the same initial weights) in PyTorch eager with
 AdamW on the same windows as bench/pytorch_step.py and prints "median_ms X" (steps 6 on).
@@ -33,13 +36,30 @@ class CoreAttention(nn.Module):
                                               is_causal=True)
 
 
+class WrittenOutAttention(nn.Module):
+    """nanoGPT's attention where torch has no flash attention (its `if not self.flash` branch)."""
+
+    def __init__(self, dropout: float, block: int):
+        super().__init__()
+        self.attn_dropout = nn.Dropout(dropout)
+        self.register_buffer("bias", torch.tril(torch.ones(block, block)).view(1, 1, block, block))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        T = q.size(2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        return att @ v
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d: int, heads: int, dropout: float):
+    def __init__(self, d: int, heads: int, dropout: float, block: int, written_out: bool):
         super().__init__()
         self.n_head = heads
         self.c_attn = nn.Linear(d, 3 * d)
         self.c_proj = nn.Linear(d, d)
-        self.core = CoreAttention(dropout)
+        self.core = WrittenOutAttention(dropout, block) if written_out else CoreAttention(dropout)
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,10 +85,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int, dropout: float):
+    def __init__(self, d: int, heads: int, dropout: float, block: int, written_out: bool):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d)
-        self.attn = CausalSelfAttention(d, heads, dropout)
+        self.attn = CausalSelfAttention(d, heads, dropout, block, written_out)
         self.ln_2 = nn.LayerNorm(d)
         self.mlp = MLP(d, dropout)
 
@@ -78,12 +98,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, block: int, d: int, layers: int, heads: int, dropout: float):
+    def __init__(self, vocab: int, block: int, d: int, layers: int, heads: int, dropout: float, written_out: bool):
         super().__init__()
         self.wte = nn.Embedding(vocab, d)
         self.wpe = nn.Embedding(block, d)
         self.drop = nn.Dropout(dropout)
-        self.h = nn.ModuleList([Block(d, heads, dropout) for _ in range(layers)])
+        self.h = nn.ModuleList([Block(d, heads, dropout, block, written_out) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.wte.weight = self.lm_head.weight  # weight tying
@@ -100,7 +120,7 @@ class GPT(nn.Module):
 
 def build(a) -> GPT:
     torch.manual_seed(1234)
-    return GPT(a.vocab, a.block, a.d_model, a.layers, a.heads, a.dropout)
+    return GPT(a.vocab, a.block, a.d_model, a.layers, a.heads, a.dropout, a.attention == "written")
 
 
 def step_times(a) -> float:
@@ -138,6 +158,8 @@ def main():
     ap.add_argument("--vocab", type=int, default=264)
     ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--dropout", type=float, default=0.2)
+    ap.add_argument("--attention", choices=["sdpa", "written"], default="sdpa",
+                    help="sdpa: F.scaled_dot_product_attention; written: nanoGPT's fallback, softmax(q k^T) v written out")
     ap.add_argument("--out")
     ap.add_argument("--data")
     ap.add_argument("--micro", type=int, default=8)

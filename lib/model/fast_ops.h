@@ -62,6 +62,13 @@ std::string describe_fast_rotary();
 // those do not replicate it); elsewhere ATen's call as the graph made it. CPU runs only; after
 // context parallelism has replaced the calls it splits. Returns the number replaced.
 int use_fast_attention(torch::jit::Module& root);
+// Replaces attention written out, softmax(q @ k^T * scale + mask) @ v (minGPT's, Meta's reference
+// Llama's, a Hugging Face model traced with eager attention; masked_fill and where masks, casts
+// and dropout around the softmax: model/eager_attention.cpp lists the forms), and
+// scripts/export_hf.py's mfsdp::attention operator without a soft cap, by mfsdp::sdpa with the
+// same mask (a boolean one made additive), scale and dropout: the kernel where that is the causal
+// mask, ATen's SDPA elsewhere. CPU runs only, after context parallelism. Returns the number replaced.
+int use_fast_eager_attention(torch::jit::Module& root);
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
                 double dropout_p, bool causal, std::optional<double> scale, bool gqa = false);
 // "mfsdp's CPU attention: N of M calls ran its kernel (...)": mfsdp::sdpa's calls in this process so far.

@@ -185,13 +185,15 @@ std::string Model::use_fast_attention(bool& in_use) {
   if (!device_.is_cpu()) return "";
   if (const char* knob = std::getenv("MFSDP_FAST_ATTENTION"); knob && std::string(knob) == "off")
     return "mfsdp's CPU attention: off (MFSDP_FAST_ATTENTION=off): ATen's scaled_dot_product_attention runs";
-  const int n = mfsdp::use_fast_attention(module_);
-  if (n == 0) return "";
+  const int n = mfsdp::use_fast_attention(module_), written = mfsdp::use_fast_eager_attention(module_);
+  if (n + written == 0) return "";
   in_use = true;
-  return fmt::format("mfsdp's CPU attention: {} scaled_dot_product_attention call(s) (fp32, and bf16 computed in "
+  return fmt::format("mfsdp's CPU attention: {} scaled_dot_product_attention call(s){} (fp32, and bf16 computed in "
                      "fp32; probabilities kept up to {} keys, recomputed from a log-sum-exp beyond when causal; "
                      "ATen's flash attention for longer calls that are not)",
-                     n, kCpuAttentionMaxKeys);
+                     n,
+                     written ? fmt::format(" and {} written out (softmax(q k^T) v, or mfsdp::attention)", written) : "",
+                     kCpuAttentionMaxKeys);
 }
 
 std::string peft_to_hf_name(const std::string& name) {

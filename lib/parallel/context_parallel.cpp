@@ -532,27 +532,6 @@ at::Tensor cp_sdpa_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   return cp_attention(q, k, v, scale.value_or(0.0));
 }
 
-// mfsdp::attention(q, k, v, mask, scale, softcap): Hugging Face's eager attention as one operator
-// (scripts/mfsdp_ops.py declares the same schema for the exporter's traces: families with eager
-// attention only, Gemma 2's soft-capped logits). Composite: the same aten calls as transformers'
-// eager_attention_forward (shared key/value heads expanded to their query heads, scores scaled
-// after the product, capped by divide-tanh-multiply, the additive mask, softmax in fp32, cast back),
-// so without CP a file calling it trains as PyTorch trains the eager model.
-at::Tensor eager_attention_op(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
-                              const std::optional<at::Tensor>& mask, double scale, std::optional<double> softcap) {
-  at::Tensor k = k_in, v = v_in;
-  if (k.size(1) != q.size(1)) {
-    const int64_t b = k.size(0), kvh = k.size(1), s = k.size(2), g = q.size(1) / kvh;
-    k = k.unsqueeze(2).expand({b, kvh, g, s, k.size(3)}).reshape({b, kvh * g, s, k.size(3)});
-    v = v.unsqueeze(2).expand({b, kvh, g, s, v.size(3)}).reshape({b, kvh * g, s, v.size(3)});
-  }
-  at::Tensor w = at::matmul(q, k.transpose(2, 3)) * scale;
-  if (softcap) w = at::tanh(w / *softcap) * *softcap;
-  if (mask && mask->defined()) w = w + *mask;
-  w = at::softmax(w, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(w, v);
-}
-
 // What CP puts in place of mfsdp::attention: its mask checked as cp_sdpa's, then the blockwise
 // causal attention with the same scale and soft cap. Eager attention with no mask attends to the
 // whole sequence both ways, which the blockwise causal attention is not.
@@ -850,9 +829,7 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def(torch::schema("mfsdp::cp_attention(Tensor q, Tensor k, Tensor v) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE));
   m.def(torch::schema("mfsdp::cp_sdpa(Tensor q, Tensor k, Tensor v, Tensor? mask, float? scale, str where) -> Tensor",
                       c10::AliasAnalysisKind::CONSERVATIVE));
-  // The schema scripts/mfsdp_ops.py declares (a trace calling it loads here): pure, so FROM_SCHEMA.
-  m.def(torch::schema("mfsdp::attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, float? softcap) -> Tensor",
-                      c10::AliasAnalysisKind::FROM_SCHEMA));
+  // (mfsdp::attention, which cp_eager replaces, is model/eager_attention.cpp's.)
   m.def(torch::schema("mfsdp::cp_eager(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, float? softcap, str where) "
                       "-> Tensor",
                       c10::AliasAnalysisKind::CONSERVATIVE));
@@ -861,6 +838,5 @@ TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
 TORCH_LIBRARY_IMPL(mfsdp, CompositeImplicitAutograd, m) {
   m.impl("cp_attention", mfsdp::cp_attention_op);
   m.impl("cp_sdpa", mfsdp::cp_sdpa_op);
-  m.impl("attention", mfsdp::eager_attention_op);
   m.impl("cp_eager", mfsdp::cp_eager_op);
 }

@@ -96,6 +96,28 @@ add_test(NAME torch_layers_dropout_line_off
 set_tests_properties(torch_layers_dropout_line_off PROPERTIES ENVIRONMENT MFSDP_FAST_DROPOUT=off)
 set_tests_properties(torch_layers_dropout_line torch_layers_dropout_line_off PROPERTIES FIXTURES_REQUIRED train TIMEOUT 120)
 
+# Attention written out, softmax(q k^T) v (tests/train/written_attention_model.py): minGPT's scripted
+# (F.softmax, masked_fill of a tril buffer, nn.Dropout 0.1 on the probabilities) and Meta's
+# reference Llama traced (grouped-query repeat_kv, an additive -inf mask, softmax in fp32, type_as):
+# both through mfsdp's attention kernel (model/eager_attention.cpp), against PyTorch running the
+# files as written. The line says every call ran the kernel, with the mask, the dropout and the
+# key/value heads each form has.
+mfsdp_train_run(written_mingpt_np1 1 model.path=${FX}/written_mingpt.pt)
+mfsdp_train_run(written_mingpt_s3_n2 2 model.path=${FX}/written_mingpt.pt distributed.zero_dp_strategy=3)
+mfsdp_train_run(written_meta_np1 1 model.path=${FX}/written_meta.pt)
+mfsdp_train_run(written_meta_s3_n2 2 model.path=${FX}/written_meta.pt distributed.zero_dp_strategy=3)
+mfsdp_oracle(written_attention RUNS written_mingpt_np1 written_mingpt_s3_n2 written_meta_np1 written_meta_s3_n2)
+add_test(NAME written_attention_mingpt_line
+         COMMAND ${EXPECT} 0 "mfsdp's CPU attention: 0 scaled_dot_product_attention call\\(s\\) and 1 written out.*mfsdp's CPU attention: ([1-9][0-9]*) of \\1 calls ran its kernel \\(\\1 of them with an explicit causal mask, [1-9][0-9]* with dropout, 0 with fewer" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/written_mingpt.pt run_dir=${FX}/written_mingpt_line
+                 training.max_steps=2)
+add_test(NAME written_attention_meta_line
+         COMMAND ${EXPECT} 0 "mfsdp's CPU attention: 0 scaled_dot_product_attention call\\(s\\) and 2 written out.*mfsdp's CPU attention: ([1-9][0-9]*) of \\1 calls ran its kernel \\(\\1 of them with an explicit causal mask, 0 with dropout, \\1 with fewer" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${FX}/written_meta.pt run_dir=${FX}/written_meta_line
+                 training.max_steps=2)
+set_tests_properties(written_attention_mingpt_line written_attention_meta_line PROPERTIES FIXTURES_REQUIRED train
+                     TIMEOUT 120)
+
 # bf16 on tests/train/titan_model.py (an N(0, 1) embedding table, a complex rotary buffer that
 # stays complex64), at a rate small against a bf16 step of its weights (1e-4, constant): the main
 # weights must start as the file's fp32 values. Started from their bf16 rounding (as before

@@ -34,6 +34,10 @@ py "$here/tests/train/titan_model.py" "$out/titan.pt"
 # and without its dropout (attention, residual, feed-forward).
 py "$here/tests/train/torch_layers_model.py" "$out/torch_layers.pt"
 py "$here/tests/train/torch_layers_model.py" "$out/torch_layers_dropout.pt" --dropout 0.1
+# Attention written out (softmax(q k^T) v): minGPT's, scripted with attention dropout, and Meta's
+# reference Llama's, traced with grouped-query attention.
+py "$here/tests/train/written_attention_model.py" "$out/written_mingpt.pt" --style mingpt --dropout 0.1
+py "$here/tests/train/written_attention_model.py" "$out/written_meta.pt" --style meta
 echo "not a model" > "$out/garbage.pt"
 # Same weights as gpt.pt (same seed and init order), blocks two levels down: blocks.K.blocks.J.
 export_model --arch gpt --layers 2 --d-model 64 --heads 4 --vocab 264 --max-seq 64 --nested --out "$out/gpt_nested.pt"
