@@ -7,8 +7,9 @@ with fewer key/value heads than query heads repeated to them (grouped-query atte
 softmax in fp32 and cast back to q's dtype, as transformers' eager_attention_forward computes it.
 Why an operator: a trace records the matmuls of eager attention as loose nodes that mfsdp cannot
 recognise as attention, so context parallelism could not replace them; one node can be (mfsdp's
-C++ declares the same schema with the same composite implementation, lib/parallel/
-context_parallel.cpp, and CP swaps it for the blockwise causal attention with the soft cap).
+C++ declares the same schema with the same composite implementation, lib/model/eager_attention.cpp;
+CP swaps it for the blockwise causal attention with the soft cap, and without CP a call with no
+soft cap runs mfsdp's CPU attention kernel).
 The implementation below is composite (autograd differentiates its aten calls), so PyTorch trains a
 model calling it exactly as it trains the eager original.
 """

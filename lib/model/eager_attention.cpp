@@ -304,20 +304,7 @@ void replace_eager_attention(const Match& m) {
   Value *mask = nullptr, *scale = nullptr, *dropout_p = nullptr, *gqa = nullptr;
   {
     torch::jit::WithInsertPoint guard(last);
-    bool grouped = false;
-    if (auto kv = unrepeated(k, v)) {
-      if (kv->transposed) {
-        k = g.insert(c10::aten::transpose, {kv->k, 1, 2});
-        v = g.insert(c10::aten::transpose, {kv->v, 1, 2});
-      } else {
-        sizes_of_unrepeated(k, kv->k);
-        sizes_of_unrepeated(v, kv->v);
-        k = kv->k;
-        v = kv->v;
-      }
-      grouped = true;
-    }
-    gqa = g.insertConstant(grouped);
+    gqa = g.insertConstant(take_unrepeated(g, k, v));
     switch (m.mask_kind) {
       case Match::MaskKind::kNone:
         mask = g.insertConstant(c10::IValue());

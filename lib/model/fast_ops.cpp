@@ -819,20 +819,7 @@ bool replace_sdpa(torch::jit::Node* node) {
   torch::jit::Value* flag = nullptr;
   {
     torch::jit::WithInsertPoint guard(node);
-    if (!gqa) {
-      if (auto kv = unrepeated(k, v)) {
-        if (kv->transposed) {
-          k = g.insert(c10::aten::transpose, {kv->k, 1, 2});
-          v = g.insert(c10::aten::transpose, {kv->v, 1, 2});
-        } else {
-          sizes_of_unrepeated(k, kv->k);
-          sizes_of_unrepeated(v, kv->v);
-          k = kv->k;
-          v = kv->v;
-        }
-        gqa = true;
-      }
-    }
+    if (!gqa) gqa = take_unrepeated(g, k, v);
     flag = g.insertConstant(gqa);
   }
   torch::jit::Value *k_rep = node->input(1), *v_rep = node->input(2);

@@ -146,6 +146,8 @@ std::optional<Unrepeated> unrepeated(torch::jit::Value* k, torch::jit::Value* v)
   return std::nullopt;
 }
 
+namespace {
+// Reads of the sizes of a head repeat ([B, H, T, D]) other than the heads' read them of x.
 void sizes_of_unrepeated(torch::jit::Value* repeated, torch::jit::Value* x) {
   // Dimension d of a 4-D tensor other than 1 (the heads'), negative or not.
   auto not_heads = [](std::optional<int64_t> d) { return d && *d >= -4 && *d <= 3 && *d != 1 && *d != -3; };
@@ -164,6 +166,22 @@ void sizes_of_unrepeated(torch::jit::Value* repeated, torch::jit::Value* x) {
     }
     if (ok) n->replaceInput(0, x);
   }
+}
+}  // namespace
+
+bool take_unrepeated(torch::jit::Graph& g, torch::jit::Value*& k, torch::jit::Value*& v) {
+  auto kv = unrepeated(k, v);
+  if (!kv) return false;
+  if (kv->transposed) {
+    k = g.insert(c10::aten::transpose, {kv->k, 1, 2});
+    v = g.insert(c10::aten::transpose, {kv->v, 1, 2});
+  } else {
+    sizes_of_unrepeated(k, kv->k);
+    sizes_of_unrepeated(v, kv->v);
+    k = kv->k;
+    v = kv->v;
+  }
+  return true;
 }
 
 std::shared_ptr<torch::jit::Graph> callee_graph(torch::jit::Node* call, std::string* qualname) {

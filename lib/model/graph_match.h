@@ -48,10 +48,12 @@ struct Unrepeated {
 };
 std::optional<Unrepeated> unrepeated(torch::jit::Value* k, torch::jit::Value* v);
 
-// Once attention reads x instead of its head repeat `repeated` ([B, H, T, D]): the sizes read of
-// the repeat (size(r, d), and size(r)[d] scripted) other than the heads' read x's instead, which
-// are the same. Hugging Face's eager attention slices its mask to key_states.shape[-2] after
-// repeat_kv; without this the repeat's copy would be made for that size alone.
-void sizes_of_unrepeated(torch::jit::Value* repeated, torch::jit::Value* x);
+// Attention's keys and values, when both are head repeats (unrepeated): k and v become the tensors
+// before the repeat (transposed(1, 2) at the graph's insert point for torchtitan's layout), and
+// true is returned (the caller sets enable_gqa); else they stay and false. The sizes read of the
+// repeats other than the heads' (size(r, d), size(r)[d]) then read the unrepeated tensors', which are
+// the same: Hugging Face's eager attention slices its mask to key_states.shape[-2] after repeat_kv,
+// and without this the repeat's copy would be made for that size alone.
+bool take_unrepeated(torch::jit::Graph& g, torch::jit::Value*& k, torch::jit::Value*& v);
 
 }  // namespace mfsdp
