@@ -703,6 +703,7 @@ TEST_CASE("Attention: an explicit causal mask (as Hugging Face models pass) take
   at::Tensor tril = at::ones({T, T}, at::kBool).tril();
   at::Tensor additive = at::zeros({T, T}).masked_fill(tril.logical_not(), -INFINITY);
   at::Tensor lowest = at::zeros({T, T}).masked_fill(tril.logical_not(), std::numeric_limits<float>::lowest());
+  at::Tensor older = at::zeros({T, T}).masked_fill(tril.logical_not(), -1e9);  // the -1e9 of older code
   auto run = [&](const at::Tensor& mask, bool ours, std::string* node) {
     at::Tensor qq = q.detach().requires_grad_(true);
     at::Tensor o = ours ? sdpa(qq, k, v, mask, 0.0, false, std::nullopt)
@@ -710,7 +711,8 @@ TEST_CASE("Attention: an explicit causal mask (as Hugging Face models pass) take
     if (node) *node = o.grad_fn()->name();
     return std::make_pair(o.detach(), torch::autograd::grad({o}, {qq}, {g})[0]);
   };
-  for (const at::Tensor& mask : {tril, tril.expand({2, 1, T, T}).contiguous(), additive.view({1, 1, T, T}), lowest}) {
+  for (const at::Tensor& mask :
+       {tril, tril.expand({2, 1, T, T}).contiguous(), additive.view({1, 1, T, T}), lowest, older}) {
     INFO("mask " << mask.sizes() << " " << mask.scalar_type());
     CHECK(is_causal_mask(mask, T));
     std::string node;

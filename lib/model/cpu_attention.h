@@ -40,10 +40,12 @@ bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Ten
 bool cpu_attention_keeps_probs(int64_t keys);
 
 // Whether `mask`, an attn_mask for Tq = Tk = T rows and keys (any leading dimensions), is exactly the
-// causal mask: bool with true on and below the diagonal only, or additive with 0 there and -inf
-// (or at most -1e30, as the dtype's lowest that Hugging Face models fill with) above. Such a mask
-// computes what is_causal does, so mfsdp::sdpa can take the call. Checked on every call, element
-// by element (a cached answer could outlive the mask it was for).
+// causal mask: bool with true on and below the diagonal only, or additive with 0 there and at most
+// -1e9 above (-inf; the dtype's lowest that Hugging Face models fill with; the -1e9 of older code).
+// Such a mask computes what is_causal does, so mfsdp::sdpa can take the call: a masked key's
+// exp(logit - 1e9 - row max) is 0 in fp32 for any logits within 1e9 - 104 of the diagonal's, which
+// every row has. A softer fill (-1e4) is not taken. Checked on every call, element by element (a
+// cached answer could outlive the mask it was for).
 bool is_causal_mask(const at::Tensor& mask, int64_t T);
 
 // o = softmax(scale q k^T [+ causal mask]) v, shaped [B, H, Tq, Dv] with the strides of a transposed
