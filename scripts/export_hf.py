@@ -1191,9 +1191,11 @@ def main(argv=None):
     ap.add_argument("--set", nargs="*", metavar="KEY=VALUE", help="config keys (over --model-dir's config.json)")
     ap.add_argument("--allow-new-keys", action="store_true", help="--set may add keys the config class lacks")
     ap.add_argument("--random-init", action="store_true", help="with --model-dir: the family's initialisation")
-    ap.add_argument("--attention", choices=["auto", "sdpa", "eager"], default="auto",
+    ap.add_argument("--attention", choices=["auto", "sdpa", "eager", "eager_traced"], default="auto",
                     help="attention implementation (HF's attn_implementation); auto (default): sdpa where the "
-                         "family supports it (context parallelism replaces its calls), else eager, printed")
+                         "family supports it (context parallelism replaces its calls), else eager, printed; "
+                         "eager_traced: eager attention traced as its ops, without the mfsdp::attention operator "
+                         "(the file loads in PyTorch without scripts/mfsdp_ops.py; no context parallelism)")
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the weights in the file")
     ap.add_argument("--tp-plan", choices=["auto", "none"], default="auto",
                     help="auto: derived from the config's base_model_tp_plan; none: store no plan")
@@ -1266,6 +1268,10 @@ def main(argv=None):
             print(f"export_hf: {cfg.model_type} does not support sdpa attention: eager attention",
                   file=sys.stderr)
             model, attention = build("eager"), "eager"
+    elif attention == "eager_traced":
+        model, attention = build("eager"), "eager"
+        print("export_hf: eager attention traced as it is (--attention eager_traced): context parallelism, which "
+              "replaces sdpa calls and mfsdp::attention, is unavailable for this file", file=sys.stderr)
     else:
         model = build(attention)
     model = model.eval()
@@ -1280,7 +1286,7 @@ def main(argv=None):
         print(f"export_hf: {type(model).__name__} draws random numbers in training with its dropouts at 0 "
               f"({sampling}): traced in training mode, so mfsdp trains it as transformers does (mfsdp turns "
               "training mode off in evaluation)", file=sys.stderr)
-    attention_op = use_attention_op(model, training) if attention == "eager" else None
+    attention_op = use_attention_op(model, training) if attention == "eager" and args.attention != "eager_traced" else None
     hf_model = model
     adapter_config = None
     if args.lora_r or args.adapter_dir:

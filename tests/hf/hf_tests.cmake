@@ -619,6 +619,19 @@ mfsdp_hf_run(hf_qwen2_lora_dropout_s3_n2 2 qwen2_lora_dropout distributed.zero_d
 mfsdp_oracle(hf_dropout RUNS hf_gpt2_dropout_n1 hf_gpt2_dropout_s3_n2 hf_gpt2_dropout_ac_s3_n2 hf_gpt2_dropout_hsdp_s2_n4
              hf_gpt2_hdropout_tp2_s1_n2 hf_qwen2_lora_dropout_s3_n2 dropout_s0_n1 dropout_s3_n2 dropout_ac_s3_n2)
 mfsdp_compare(hf_dropout_ac_bit_identical 0 hf_gpt2_dropout_s3_n2 hf_gpt2_dropout_ac_s3_n2)
+# Eager attention traced as its ops (export_hf.py --attention eager_traced): transformers'
+# eager_attention_forward written out (repeat_kv, the additive mask sliced to key_states.shape[-2],
+# softmax in fp32, .to(dtype), dropout), taken by mfsdp's attention kernel (model/eager_attention.cpp)
+# with the repeat dropped; GPT-2's attention dropout 0.1 drawn as PyTorch draws it. Against the
+# transformers model with eager attention; the line says every call ran the kernel.
+mfsdp_hf_run(hf_llama_eager_s3_n2 2 llama_eager distributed.zero_dp_strategy=3)
+mfsdp_hf_run(hf_gpt2_eager_dropout_n1 1 gpt2_eager_dropout)
+mfsdp_oracle(hf_eager_traced RUNS hf_llama_eager_s3_n2 hf_gpt2_eager_dropout_n1)
+add_test(NAME hf_eager_traced_line
+         COMMAND ${EXPECT} 0 "mfsdp's CPU attention: 0 scaled_dot_product_attention call\\(s\\) and 2 written out.*mfsdp's CPU attention: ([1-9][0-9]*) of \\1 calls ran its kernel \\(\\1 of them with an explicit causal mask, 0 with dropout, \\1 with fewer" --
+                 ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_eager.pt run_dir=${FX}/hf_eager_line
+                 training.max_steps=2)
+set_tests_properties(hf_eager_traced_line PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120)
 # Off in evaluation: at learning rate 0 the dropout file's validation loss is the dropout-free
 # file's (same weights), while its training loss is not.
 mfsdp_hf_run(hf_gpt2_lr0 1 gpt2 optimizer.lr=0 training.max_steps=4 training.eval_every=2)

@@ -141,6 +141,11 @@ MODELS |= {
     "gpt2_dropout": MODELS["gpt2"] + ["--dropout", "config"],
     "gpt2_hdropout": MODELS["gpt2"] + ["attn_pdrop=0", "resid_pdrop=0.2", "--dropout", "config"],
     "qwen2_lora_dropout": MODELS["qwen2"] + ["--lora-r", "8", "--lora-alpha", "16", "--lora-dropout", "0.1"],
+    # Eager attention traced as its ops (--attention eager_traced): softmax(q k^T) v written out, with
+    # repeat_kv (Llama, 2 key/value heads) and attention dropout (GPT-2's attn_pdrop 0.1, traced in
+    # training mode), taken by mfsdp's attention kernel (model/eager_attention.cpp).
+    "llama_eager": MODELS["llama"] + ["--attention", "eager_traced"],
+    "gpt2_eager_dropout": MODELS["gpt2"] + ["--attention", "eager_traced", "--dropout", "config"],
 }
 
 
