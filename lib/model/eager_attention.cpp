@@ -1,5 +1,5 @@
 // Attention written out as products and a softmax, taken by mfsdp::sdpa (model/fast_ops.h:
-// use_fast_eager_attention; DESIGN.md section 7, "Attention on the CPU").
+// use_fast_eager_attention; DESIGN.md section 7, "Attention written out").
 //
 // Why: many models users bring do not call scaled_dot_product_attention. minGPT and Meta's
 // reference Llama write `softmax(q @ k^T * scale + mask) @ v` out; a Hugging Face model exported
@@ -25,7 +25,7 @@
 // becomes mfsdp::sdpa(q, k, v, mask, p * train, false, c or 1 / c, gqa). The masked_fill and where
 // forms become an additive mask (`where(C, f, 0)`, `where(C, 0, f)`): adding f to a logit gives
 // what filling with f gives wherever the fill decides the softmax (f = -inf or the dtype's lowest:
-// the logit is lost to rounding), and the kernel runs when that mask is exactly the causal one
+// the logit is lost to rounding; f = -1e9: exp of either is 0 in fp32), and the kernel runs when that mask is exactly the causal one
 // (model/cpu_attention.h: is_causal_mask); any other mask is ATen's SDPA with it. Keys and values
 // repeated over their heads before the product (HF's repeat_kv) are taken unrepeated with
 // enable_gqa, as for SDPA calls. Dropout over the probabilities draws what ATen's dropout draws
