@@ -301,9 +301,10 @@ void replace_eager_attention(const Match& m) {
   Node* last = m.chain.back();
   torch::jit::Graph& g = *last->owningGraph();
   Value *k = m.k, *v = m.v;
-  Value *mask = nullptr, *scale = nullptr, *dropout_p = nullptr, *gqa = nullptr;
+  Value *mask = nullptr, *scale = nullptr, *dropout_p = nullptr, *gqa = nullptr, *no = nullptr;
   {
     torch::jit::WithInsertPoint guard(last);
+    no = g.insertConstant(false);  // is_causal: the mask says it
     gqa = g.insertConstant(take_unrepeated(g, k, v));
     switch (m.mask_kind) {
       case Match::MaskKind::kNone:
@@ -340,11 +341,6 @@ void replace_eager_attention(const Match& m) {
         dropout_p = g.insert(c10::aten::mul, {p, on});
       }
     }
-  }
-  Value* no = nullptr;
-  {
-    torch::jit::WithInsertPoint guard(last);
-    no = g.insertConstant(false);
   }
   Value* v_repeated = v != m.v ? m.v : nullptr;
   replace_node_by(last, "mfsdp::sdpa", {m.q, k, v, mask, dropout_p, no, scale, gqa});
