@@ -632,6 +632,16 @@ add_test(NAME hf_eager_traced_line
                  ${MFSDP_BIN} train -c ${FX}/base.yaml model.path=${HFX}/llama_eager.pt run_dir=${FX}/hf_eager_line
                  training.max_steps=2)
 set_tests_properties(hf_eager_traced_line PROPERTIES FIXTURES_REQUIRED "train;hf_models" TIMEOUT 120)
+# What eager_traced promises: the file holds no mfsdp operator, so plain PyTorch loads it (a file
+# with mfsdp::attention fails here: its op is unknown without scripts/mfsdp_ops.py).
+add_test(NAME hf_eager_traced_loads_in_pytorch
+         COMMAND ${MFSDP_PYTHON} -c "import sys, torch; torch.jit.load(sys.argv[1]); torch.jit.load(sys.argv[2])"
+                 ${HFX}/llama_eager.pt ${HFX}/gpt2_eager_dropout.pt)
+add_test(NAME hf_eager_operator_needs_mfsdp_ops
+         COMMAND ${EXPECT} 1 "mfsdp::attention|mfsdp.attention|Unknown builtin op" --
+                 ${MFSDP_PYTHON} -c "import sys, torch; torch.jit.load(sys.argv[1])" ${HFX}/gemma2.pt)
+set_tests_properties(hf_eager_traced_loads_in_pytorch hf_eager_operator_needs_mfsdp_ops PROPERTIES
+                     FIXTURES_REQUIRED hf_models TIMEOUT 120)
 # Off in evaluation: at learning rate 0 the dropout file's validation loss is the dropout-free
 # file's (same weights), while its training loss is not.
 mfsdp_hf_run(hf_gpt2_lr0 1 gpt2 optimizer.lr=0 training.max_steps=4 training.eval_every=2)
