@@ -9,6 +9,7 @@ Prints one line: "median_ms <x>" (median of the steps after the first 5: compila
 the first step).
 """
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -76,13 +77,19 @@ def worker(rank, a):
     pos = torch.arange(a.seq).unsqueeze(0).expand(a.micro, a.seq)
     times = []
     for step in range(a.steps):
-        w = windows(a.data, a.seq, a.micro, (step * a.procs + rank) * a.micro)
+        ws = [windows(a.data, a.seq, a.micro, ((step * a.procs + rank) * a.accum + m) * a.micro) for m in range(a.accum)]
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(w[:, :-1], pos)
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        for m, w in enumerate(ws):
+            # The usual accumulation loop: each micro-batch's mean loss over accum, DDP's all-reduce only
+            # with the last micro-batch's backward (no_sync on the others).
+            sync = a.procs > 1 and not a.fsdp and m < a.accum - 1
+            with model.no_sync() if sync else contextlib.nullcontext():
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    logits = model(w[:, :-1], pos)
+                loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                                                         w[:, 1:].reshape(-1))
+                (loss / a.accum if a.accum > 1 else loss).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         times.append(time.perf_counter() - t0)
@@ -115,6 +122,8 @@ def main():
     ap.add_argument("--micro", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--accum", type=int, default=1,
+                    help="micro-batches per step (gradient accumulation; DDP skips its all-reduce on all but the last)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--bf16", action="store_true")

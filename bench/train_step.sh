@@ -3,12 +3,12 @@
 # model, data, batch and threads, measured side by side in one run (this machine is shared and noisy: compare ratios).
 # Writes bench/results_train_step.md. Needs the demo's data (scripts/demo.sh prepares it).
 #   bench/train_step.sh [STEPS]
-#   ROWS=1t,2t bench/train_step.sh      # only these rows (of 1t 2t dp2 s3 file long; default all), into OUT
+#   ROWS=1t,2t bench/train_step.sh      # only these rows (of 1t 2t dp2 s3 ga4 file long; default all), into OUT
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${1:-25}
 MFSDP=${MFSDP:-build/bin/mfsdp}
-ROWS=${ROWS:-1t,2t,dp2,s3,file,long}
+ROWS=${ROWS:-1t,2t,dp2,s3,ga4,file,long}
 OUT=${OUT:-bench/results_train_step.md}
 want() { [[ ",$ROWS," == *",$1,"* ]]; }
 W=$(mktemp -d)
@@ -82,6 +82,12 @@ for arch in gpt llama; do
     if want s3; then
       m=$(run_mfsdp ${arch}_s3_$variant 4 training.global_batch_size=32 "${extra[@]}" distributed.zero_dp_strategy=optim_grads_params)
       row "$arch, 4 processes x 1 thread, $variant: mfsdp optim_grads_params vs FSDP2 (gloo)" "$m" --threads 1 --procs 4 --fsdp "${textra[@]}"
+    fi
+    if want ga4; then
+      # Gradient accumulation: 4 micro-batches of 8 per step, one process x 1 thread (the optimizer's
+      # and the step's fixed costs spread over four forward-backward passes).
+      m=$(run_mfsdp ${arch}_ga4_$variant 1 training.global_batch_size=32 "${extra[@]}" distributed.zero_dp_strategy=no_shard)
+      row "$arch, 1 process x 1 thread, 4 micro-batches per step, $variant" "$m" --threads 1 --procs 1 --accum 4 "${textra[@]}"
     fi
   done
 done
