@@ -127,6 +127,15 @@ int cores_available() {
   return n > 0 ? int(n) : 1;
 }
 
+int launcher_cores_available() {
+  // The parent is the launcher's daemon on this node (Open MPI's prted or orted, slurmstepd) or a
+  // shell: its affinity is what this node gives the job, before any binding of the rank itself.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(getppid(), sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return cores_available();
+}
+
 void set_threads(int n) {
   const char* intra = std::getenv("MFSDP_INTRAOP_THREADS");  // for measurements (bench/)
   at::set_num_threads(intra ? std::max(1, std::atoi(intra)) : n);

@@ -7,6 +7,8 @@ namespace mfsdp {
 
 // Cores this process may run on (its CPU affinity mask).
 int cores_available();
+// The same of this process's parent (the launcher's daemon on this node, or the shell that started it).
+int launcher_cores_available();
 // Sets LibTorch's intra-op threads and OpenBLAS's threads to n (inter-op threads to 1).
 void set_threads(int n);
 // Threads that an at::parallel_for in mfsdp's own code reaches with the intra-op threads set now:
