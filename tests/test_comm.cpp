@@ -125,6 +125,52 @@ TEST_CASE("all_reduce sum/avg/max, every dtype") {
   }
 }
 
+// From 1 MiB the MPI backend's all_reduce is a ring in place (mpi_communicator.cpp): p blocks, the
+// first n % p one element longer; reduce-scatter rounds, then all-gather rounds. Every dtype and
+// op over a length no rank count divides evenly, several in flight on one communicator (each
+// ring's messages must match its own), and fp32 values that round: the ring adds block b's
+// partials in reduce_scatter's order, so each rank's block is reduce_scatter's bit for bit.
+TEST_CASE("all_reduce of large tensors (the ring): uneven blocks, every dtype and op, in flight together") {
+  auto c = test::world("world");
+  const int n = c->size(), r = c->rank();
+  const int64_t len = (int64_t(1) << 19) + 7;  // 1 MiB in 16-bit types, 2 MiB in fp32; 7 left over
+  for (auto t : kTypes) {
+    INFO(c10::toString(t) << ", " << len << " elements");
+    auto idx = at::arange(0, len, at::kLong).remainder(5);
+    const int64_t tri = int64_t(n) * (n + 1);
+    auto x = values(len, r, t);
+    c->all_reduce(x, ReduceOp::kSum);
+    CHECK(same(x, (idx * n + tri).to(t)));
+    x = values(len, r, t);
+    c->all_reduce(x, ReduceOp::kMax);
+    CHECK(same(x, (idx + 2 * n).to(t)));
+    x = values(len, r, t);
+    c->all_reduce(x, ReduceOp::kAvg);
+    if (at::isFloatingType(t)) CHECK(same(x, (idx * n + tri).to(at::kDouble).div(n).to(t)));
+    else CHECK(same(x, (idx * n + tri).div(n, "trunc").to(t)));
+  }
+  // Three in flight together, of three lengths, waited for newest first.
+  std::vector<at::Tensor> bufs;
+  std::vector<WorkHandle> works;
+  for (int k = 0; k < 3; ++k) bufs.push_back(values(len + 11 * k, r, at::kFloat, k));
+  for (auto& b : bufs) works.push_back(c->all_reduce_async(b, ReduceOp::kSum));
+  for (int k = 2; k >= 0; --k) works[k]->wait();
+  for (int k = 0; k < 3; ++k) {
+    INFO("in flight together: " << k);
+    auto idx = at::arange(k, k + len + 11 * k, at::kLong).remainder(5);
+    CHECK(same(bufs[k], (idx * n + int64_t(n) * (n + 1)).to(at::kFloat)));
+  }
+  // Values that round: this rank's block equals reduce_scatter's exactly.
+  at::manual_seed(100 + r);
+  const int64_t m = (int64_t(1) << 18) + 3;
+  auto g = at::randn({m * n}) * 3;
+  auto whole = g.clone();
+  c->all_reduce(whole, ReduceOp::kSum);
+  auto shard = at::empty({m});
+  c->reduce_scatter(shard, g, ReduceOp::kSum);
+  CHECK(at::equal(whole.slice(0, m * r, m * (r + 1)), shard));
+}
+
 TEST_CASE("bf16 and fp16 sums are floating-point sums, not integer sums of the bit patterns") {
   auto c = test::world("world");
   const int n = c->size();

@@ -168,6 +168,19 @@ class MpiCommunicator final : public Communicator {
                   [=] { if (op == ReduceOp::kAvg) finish_avg(out, world); }, next);
   }
 
+  // Small tensors (the loss sums, norms, flags: under kRingAllReduceBytes) go to MPI_Iallreduce, one
+  // call. Larger ones (gradient buckets without sharding, HSDP's replicas, tensor parallelism's
+  // activations) take a ring in place: p - 1 rounds of reduce-scatter, then p - 1 rounds of
+  // all-gather, over p blocks of t (the first n % p one element longer). Why: Open MPI's
+  // nonblocking all-reduce (libnbc) took 5-9x the time of the ring reduce-scatter of the same bytes
+  // on 2 ranks (bench-comm, 4-16 MiB: 1.7 / 22.5 ms against 0.78 / 2.4 ms), and a data-parallel step
+  // waited for it at the end of its backward (bench/results_train_step.md). The reduce-scatter rounds
+  // are reduce_scatter_async's (above), in place: in round s rank r sends its partial of block
+  // (r - s - 1) mod p, receives the partial of block (r - s - 2) mod p into one temporary block and
+  // adds it into that block of t; after round p - 2 it holds block r's full sum, in the same
+  // summation order as reduce_scatter_async's (a bucket reduced whole equals its reduce-scattered
+  // shards bit for bit). All-gather round s: rank r sends block (r - s) mod p, receives block
+  // (r - s - 1) mod p straight into t. Each all-reduce has a tag of its own, as the reduce-scatters.
   WorkHandle all_reduce_async(const at::Tensor& t, ReduceOp op) override {
     check_tensor(t, "the", "all_reduce");
     check_cpu(t, "all_reduce");
@@ -176,9 +189,47 @@ class MpiCommunicator final : public Communicator {
     auto mop = mpi_op(op, t.scalar_type());
     int n = static_cast<int>(t.numel());
     int world = size();
-    return submit("all_reduce", t.numel(), t.scalar_type(), [=](std::vector<MPI_Request>& reqs) {
-      check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, dt, mop, comm_, &reqs.emplace_back()), "MPI_Iallreduce");
-    }, [=] { if (op == ReduceOp::kAvg) finish_avg(t, world); });
+    auto finish = [=] { if (op == ReduceOp::kAvg) finish_avg(t, world); };
+    if (t.nbytes() < kRingAllReduceBytes || n < world) {
+      return submit("all_reduce", t.numel(), t.scalar_type(), [=](std::vector<MPI_Request>& reqs) {
+        check(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), n, dt, mop, comm_, &reqs.emplace_back()), "MPI_Iallreduce");
+      }, finish);
+    }
+    const int p = world, r = rank();
+    const int right = (r + 1) % p, left = (r + p - 1) % p;
+    const size_t elem = t.element_size();
+    auto len = [=](int b) { return n / p + (b < n % p ? 1 : 0); };
+    auto off = [=](int b) { return size_t(b) * size_t(n / p) + size_t(std::min(b, n % p)); };
+    auto block = [=](int b) { return static_cast<char*>(t.data_ptr()) + off(b) * elem; };
+    auto mod = [p](int x) { return ((x % p) + p) % p; };
+    at::Tensor tmp = at::empty({len(0)}, t.options());  // block 0 is a longest one
+    const int tag = kRingTagBase + static_cast<int>((seq_ + 1) % kRingTags);
+    auto round = std::make_shared<int>(0);
+    // Round s < p - 1: reduce-scatter; p - 1 <= s < 2 (p - 1): all-gather round s - (p - 1).
+    auto post = [=](std::vector<MPI_Request>& reqs, int s) {
+      int send_b, recv_b;
+      void* into;
+      if (s < p - 1) {
+        send_b = mod(r - s - 1), recv_b = mod(r - s - 2), into = tmp.data_ptr();
+      } else {
+        const int a = s - (p - 1);
+        send_b = mod(r - a), recv_b = mod(r - a - 1), into = block(recv_b);
+      }
+      check(MPI_Irecv(into, len(recv_b), dt, left, tag, comm_, &reqs.emplace_back()), "MPI_Irecv");
+      check(MPI_Isend(block(send_b), len(send_b), dt, right, tag, comm_, &reqs.emplace_back()), "MPI_Isend");
+    };
+    auto next = [=](std::vector<MPI_Request>& reqs) {
+      const int s = (*round)++;
+      if (s < p - 1) {  // the partial of block (r - s - 2) arrived: add it into that block
+        const int b = mod(r - s - 2);
+        check(MPI_Reduce_local(tmp.data_ptr(), block(b), len(b), dt, mop), "MPI_Reduce_local");
+      }
+      if (s == 2 * (p - 1) - 1) return false;
+      post(reqs, s + 1);
+      return true;
+    };
+    return submit("all_reduce", t.numel(), t.scalar_type(), [=](std::vector<MPI_Request>& reqs) { post(reqs, 0); },
+                  finish, next);
   }
 
   WorkHandle broadcast_async(const at::Tensor& t, int root) override {
@@ -252,9 +303,13 @@ class MpiCommunicator final : public Communicator {
     if (!t.device().is_cpu())
       throw std::invalid_argument(name() + "." + op + ": the MPI backend takes CPU tensors, got " + t.device().str());
   }
-  // Tags of the ring reduce-scatter's rounds: clear of send_recv's tag (7301) and within the
+  // Tags of the rings' rounds (reduce-scatter, all-reduce): clear of send_recv's tag (7301) and within the
   // 32767 that MPI guarantees as MPI_TAG_UB.
   static constexpr int kRingTagBase = 10000, kRingTags = 16384;
+  // From this size on, all_reduce takes the ring: on 2 ranks (bench-comm, 2026-12-07) MPI_Iallreduce
+  // was as fast or faster up to 512 KiB (216-308 against 284-404 us at 64-256 KiB), the ring faster
+  // from 1 MiB (395-574 against 498-900 us; 4 MiB 0.85-2.3 against 3.3-4.3 ms).
+  static constexpr size_t kRingAllReduceBytes = 1 << 20;
   MPI_Comm comm_;
   uint64_t seq_ = 0;
 };
