@@ -173,8 +173,9 @@ class MpiCommunicator final : public Communicator {
   // activations) take a ring in place: p - 1 rounds of reduce-scatter, then p - 1 rounds of
   // all-gather, over p blocks of t (the first n % p one element longer). Why: Open MPI's
   // nonblocking all-reduce (libnbc) took 5-9x the time of the ring reduce-scatter of the same bytes
-  // on 2 ranks (bench-comm, 4-16 MiB: 1.7 / 22.5 ms against 0.78 / 2.4 ms), and a data-parallel step
-  // waited for it at the end of its backward (bench/results_train_step.md). The reduce-scatter rounds
+  // on 2 ranks (bench-comm, 4-16 MiB: 1.7 / 22.5 ms against 0.78 / 2.4 ms). In a 2-process step on
+  // 2 cores the wait at the end of backward halved (13 to 7 ms) but the step time did not move: the
+  // reduction's work shares the cores with the compute (bench/results_train_step.md). The reduce-scatter rounds
   // are reduce_scatter_async's (above), in place: in round s rank r sends its partial of block
   // (r - s - 1) mod p, receives the partial of block (r - s - 2) mod p into one temporary block and
   // adds it into that block of t; after round p - 2 it holds block r's full sum, in the same
