@@ -117,12 +117,16 @@ std::string mkl_dispatch_description() {
   if (!asked) return "its generic kernels on this " + vendor + " CPU (this LibTorch does not let mfsdp answer MKL's vendor check)";
   return "its generic kernels on this " + vendor + " CPU (MKL has no others for its instruction set)";
 }
+// Cores process `pid` may run on (its CPU affinity mask; 0: this process), or 0 if unreadable.
+int affinity_cores(pid_t pid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(pid, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
 }  // namespace
 
 int cores_available() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  if (const int n = affinity_cores(0)) return n;
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? int(n) : 1;
 }
@@ -130,9 +134,7 @@ int cores_available() {
 int launcher_cores_available() {
   // The parent is the launcher's daemon on this node (Open MPI's prted or orted, slurmstepd) or a
   // shell: its affinity is what this node gives the job, before any binding of the rank itself.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(getppid(), sizeof set, &set) == 0) return CPU_COUNT(&set);
+  if (const int n = affinity_cores(getppid())) return n;
   return cores_available();
 }
 

@@ -284,11 +284,11 @@ class Trainer {
                       "use mpirun --bind-to none or --map-by slot:PE={}, or srun --cpus-per-task={}",
                       threads, rank_, mine, threads, threads));
     // `threads: auto` under a binding narrower than the job's share of this node per rank (what the
-    // launcher's daemon may run on, over the local ranks): Open MPI binds each
-    // rank to one core when there are no more ranks than cores, so `mpirun -np 1` trains on one
-    // thread of a machine where PyTorch (and mfsdp started without mpirun) would use them all.
-    // Said once, so that a side-by-side measurement is not one thread against several unawares.
-    // Only under mpirun: a process started alone has no launcher binding it (a taskset is the user's).
+    // launcher's daemon may run on, over the local ranks): Open MPI binds each rank to one core when
+    // there are no more ranks than cores, so `mpirun -np 1` trains on one thread of a machine where
+    // PyTorch (and mfsdp started without mpirun) would use them all. Said once, so that a side-by-side
+    // measurement is not one thread against several unawares. Only under mpirun: a process started
+    // alone has no launcher binding it (a taskset is the user's).
     const int job_cores = launcher_cores_available(), share = std::max(1, job_cores / std::max(1, local));
     if (!cfg_.training.threads && !slurm_cpus && std::getenv("OMPI_COMM_WORLD_SIZE") && mine < share)
       log(fmt::format("note: mpirun bound rank {} to {} of the {} cores this job has on the node ({} rank(s) here): "
