@@ -13,8 +13,12 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <map>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -136,6 +140,81 @@ int launcher_cores_available() {
   // shell: its affinity is what this node gives the job, before any binding of the rank itself.
   if (const int n = affinity_cores(getppid())) return n;
   return cores_available();
+}
+
+bool openmpi_default_binding() {
+  const char* bound = std::getenv("OMPI_MCA_orte_bound_at_launch");
+  if (!bound || std::string(bound) != "1") return false;
+  for (const char* explicit_placement : {"OMPI_MCA_hwloc_base_binding_policy", "OMPI_MCA_hwloc_base_cpu_set",
+                                         "OMPI_MCA_rmaps_base_mapping_policy", "OMPI_MCA_orte_rankfile"})
+    if (std::getenv(explicit_placement)) return false;
+  return true;
+}
+
+namespace {
+// CPU `cpu`'s physical core, as the list of hardware threads that share it (sysfs; the same string
+// for each of them), or "cpuN" where unreadable.
+std::string physical_core(int cpu) {
+  const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+  for (const char* name : {"core_cpus_list", "thread_siblings_list"}) {
+    std::ifstream f(dir + name);
+    std::string siblings;
+    if (f >> siblings) return siblings;
+  }
+  return "cpu" + std::to_string(cpu);
+}
+
+// "0-3,8,10-11" for the sorted CPUs.
+std::string cpu_list(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(cpus[i]) + (j > i ? "-" + std::to_string(cpus[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+}  // namespace
+
+std::string widen_to_share(int local_rank, int local_size) {
+  cpu_set_t launcher;
+  CPU_ZERO(&launcher);
+  if (local_size < 1 || local_rank < 0 || local_rank >= local_size ||
+      sched_getaffinity(getppid(), sizeof launcher, &launcher) != 0)
+    return "";
+  // Physical cores in the order of their first CPU, so that a slice keeps a core's hardware threads
+  // together (two ranks never share a core) and stays within a socket where the numbering does
+  // (Linux numbers a socket's cores together, their second hardware threads after all first ones).
+  std::vector<std::vector<int>> cores;
+  std::map<std::string, size_t> index;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &launcher)) continue;
+    const auto [it, added] = index.emplace(physical_core(cpu), cores.size());
+    if (added) cores.emplace_back();
+    cores[it->second].push_back(cpu);
+  }
+  const int n = int(cores.size());
+  if (n < local_size) return "";
+  std::vector<int> mine;
+  for (int c = local_rank * n / local_size; c < (local_rank + 1) * n / local_size; ++c)
+    mine.insert(mine.end(), cores[size_t(c)].begin(), cores[size_t(c)].end());
+  std::sort(mine.begin(), mine.end());
+  if (int(mine.size()) <= cores_available()) return "";
+  cpu_set_t share;
+  CPU_ZERO(&share);
+  for (int cpu : mine) CPU_SET(cpu, &share);
+  // This thread first: where that fails nothing changed. Then every other thread of the process
+  // (MPI's and PMIx's run already; threads made later inherit their creator's mask): sched_setaffinity
+  // sets one thread's. One that ended since the listing, or that refuses, keeps its binding: they
+  // are the library's mostly idle helpers, not the compute.
+  if (sched_setaffinity(0, sizeof share, &share) != 0) return "";
+  if (DIR* tasks = opendir("/proc/self/task")) {
+    while (const dirent* e = readdir(tasks))
+      if (e->d_name[0] != '.') sched_setaffinity(pid_t(std::atoi(e->d_name)), sizeof share, &share);
+    closedir(tasks);
+  }
+  return cpu_list(mine);
 }
 
 void set_threads(int n) {

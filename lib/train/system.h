@@ -9,6 +9,18 @@ namespace mfsdp {
 int cores_available();
 // The same of this process's parent (the launcher's daemon on this node, or the shell that started it).
 int launcher_cores_available();
+// Whether Open MPI (4.x) bound this rank at launch by its own default policy: bound
+// (OMPI_MCA_orte_bound_at_launch) with none of the MCA parameters that --bind-to, --map-by, --cpu-set
+// or a rankfile put into a rank's environment. A policy from an mca-params.conf file leaves no trace
+// there and reads as the default.
+bool openmpi_default_binding();
+// Gives every thread of this process its share of the launcher's cores on this node: the launcher's
+// affinity split by physical core (sysfs topology; one group per CPU where unreadable) into
+// local_size equal slices in CPU order, slice local_rank. Returns that slice's CPUs as a list
+// ("0-7,16-23"), or "" where it would not widen the current affinity (fewer cores than local ranks,
+// a slice no larger than the binding, an unreadable affinity) or setting it failed: then nothing
+// changed.
+std::string widen_to_share(int local_rank, int local_size);
 // Sets LibTorch's intra-op threads and OpenBLAS's threads to n (inter-op threads to 1).
 void set_threads(int n);
 // Threads that an at::parallel_for in mfsdp's own code reaches with the intra-op threads set now:

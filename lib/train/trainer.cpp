@@ -272,9 +272,27 @@ class Trainer {
     // Threads: SLURM's cpus-per-task, else what the launcher bound us to, else an equal share of
     // the node's cores among its ranks.
     const int online = int(sysconf(_SC_NPROCESSORS_ONLN));
-    const int mine = cores_available();
     const int local = MpiEnv::local_size();
     const char* slurm_cpus = std::getenv("SLURM_CPUS_PER_TASK");
+    const bool auto_threads = !cfg_.training.threads && !slurm_cpus;
+    const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+    // The job's share of this node per rank: what the launcher's daemon may run on, over the local ranks.
+    const int job_cores = launcher_cores_available(), share = std::max(1, job_cores / std::max(1, local));
+    // `threads: auto` under Open MPI's default binding, narrower than that share: Open MPI binds each
+    // rank to one core when there are no more ranks than cores, so `mpirun -np 1` would train on one
+    // thread of a machine where PyTorch (and mfsdp started without mpirun, or with --bind-to none)
+    // uses them all. That binding is Open MPI's default, not the user's choice: the rank takes its
+    // share of the node's cores instead (widen_to_share: whole physical cores, slice local_rank of
+    // local_size). A placement the user gave (--bind-to, --map-by, --cpu-set, a rankfile) is kept.
+    if (auto_threads && under_mpirun && cores_available() < share && openmpi_default_binding()) {
+      const int before = cores_available();
+      if (const std::string cpus = widen_to_share(MpiEnv::local_rank(), local); !cpus.empty())
+        log(fmt::format("note: Open MPI's default binding put rank {} on {} of the {} cores this job has on the node "
+                        "({} rank(s) here); with training.threads: auto it runs on its share, CPUs {} (an explicit "
+                        "mpirun --bind-to keeps mpirun's binding)",
+                        rank_, before, job_cores, local, cpus));
+    }
+    const int mine = cores_available();
     const int threads = cfg_.training.threads ? int(*cfg_.training.threads)
                         : slurm_cpus          ? std::max(1, std::atoi(slurm_cpus))
                                               : std::max(1, mine < online ? mine : mine / std::max(1, local));
@@ -283,14 +301,11 @@ class Trainer {
       log(fmt::format("warning: training.threads={} but rank {} may run on only {} core(s) (the launcher bound it); "
                       "use mpirun --bind-to none or --map-by slot:PE={}, or srun --cpus-per-task={}",
                       threads, rank_, mine, threads, threads));
-    // `threads: auto` under a binding narrower than the job's share of this node per rank (what the
-    // launcher's daemon may run on, over the local ranks): Open MPI binds each rank to one core when
-    // there are no more ranks than cores, so `mpirun -np 1` trains on one thread of a machine where
-    // PyTorch (and mfsdp started without mpirun) would use them all. Said once, so that a side-by-side
-    // measurement is not one thread against several unawares. Only under mpirun: a process started
-    // alone has no launcher binding it (a taskset is the user's).
-    const int job_cores = launcher_cores_available(), share = std::max(1, job_cores / std::max(1, local));
-    if (!cfg_.training.threads && !slurm_cpus && std::getenv("OMPI_COMM_WORLD_SIZE") && mine < share)
+    // Bound narrower than that share by an explicit placement (or by a launcher other than Open MPI
+    // 4's default): said once, so that a side-by-side measurement is not one thread against several
+    // unawares. Only under mpirun: a process started alone has no launcher binding it (a taskset is
+    // the user's).
+    if (auto_threads && under_mpirun && mine < share)
       log(fmt::format("note: mpirun bound rank {} to {} of the {} cores this job has on the node ({} rank(s) here): "
                       "{} thread(s) per rank; for {} use mpirun --bind-to none or --map-by slot:PE={}, or start a "
                       "single rank without mpirun",

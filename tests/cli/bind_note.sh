@@ -1,36 +1,50 @@
 #!/usr/bin/env bash
-# bind_note.sh "MPIRUN..." MFSDP BASE_YAML WORKDIR: with `training.threads: auto`, a rank that mpirun
-# bound to fewer cores than the job's share of the node per rank says so at start-up, naming the
-# flags that give it the rest (lib/train/trainer.cpp); unbound, or with threads set, it says nothing.
-# Which answer is right depends on this machine's cores (one core: no note even when bound); both
-# are checked, none skipped.
+# bind_note.sh "MPIRUN..." MFSDP BASE_YAML WORKDIR: `training.threads: auto` under mpirun
+# (lib/train/trainer.cpp). Under Open MPI's default binding, narrower than the job's share of the
+# node per rank, a rank widens its affinity to that share and says so; under an explicit binding
+# (--bind-to core) it keeps it and says how to widen it; unbound, or with threads set, it says
+# nothing. Which answer is right depends on this machine's cores and on how many CPUs mpirun's core
+# binding gives (one core, or one core's hardware threads being all the CPUs: no note even when
+# bound); every case is checked, none skipped.
 set -euo pipefail
 read -r -a mpirun <<< "$1"
 mfsdp=$2 base=$3 work=$4
 rm -rf "$work"
 mkdir -p "$work"
 cores=$(nproc)  # what the test (and so mpirun's daemon) may run on
-run() {  # name mpirun-flags... -- overrides...: the run's output
-  local name=$1; shift
+core_cpus=$("${mpirun[@]}" -np 1 --bind-to core nproc)  # CPUs of one bound core (its hardware threads)
+run() {  # name np mpirun-flags... -- overrides...: the run's notes and its threads line
+  local name=$1 np=$2; shift 2
   local flags=()
   while [ "$1" != -- ]; do flags+=("$1"); shift; done
   shift
-  "${mpirun[@]}" -np 1 "${flags[@]}" "$mfsdp" train -c "$base" run_dir="$work/$name" training.max_steps=1 "$@" \
+  "${mpirun[@]}" -np "$np" "${flags[@]}" "$mfsdp" train -c "$base" run_dir="$work/$name" training.max_steps=1 "$@" \
     > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; echo "bind_note.sh: run $name failed" >&2; exit 1; }
-  grep -E "^note: mpirun bound|^mfsdp train:" "$work/$name.log" || true
+  grep -E "^note: (mpirun bound|Open MPI's default)|^mfsdp train:" "$work/$name.log" || true
 }
 fail() { echo "bind_note.sh: $*" >&2; exit 1; }
-bound=$(run bound --bind-to core -- training.threads=auto)
-unbound=$(run unbound --bind-to none -- training.threads=auto)
-fixed=$(run fixed --bind-to core -- training.threads=1)
-printf 'cores %s\nbound:   %s\nunbound: %s\nfixed:   %s\n' "$cores" "$bound" "$unbound" "$fixed"
-if [ "$cores" -ge 2 ]; then
-  [[ "$bound" == *"note: mpirun bound rank 0 to 1 of the $cores cores this job has on the node (1 rank(s) here): 1 thread(s) per rank; for $cores use mpirun --bind-to none or --map-by slot:PE=$cores"* ]] ||
-    fail "bound to one of $cores cores: expected the note"
-  [[ "$unbound" == *" $cores threads per rank"* ]] || fail "unbound: expected $cores threads"
+default=$(run default 1 -- training.threads=auto)
+bound=$(run bound 1 --bind-to core -- training.threads=auto)
+unbound=$(run unbound 1 --bind-to none -- training.threads=auto)
+fixed=$(run fixed 1 --bind-to core -- training.threads=1)
+two=$(run two 2 -- training.threads=auto)
+printf 'cores %s, a bound core %s CPU(s)\ndefault: %s\nbound:   %s\nunbound: %s\nfixed:   %s\ntwo:     %s\n' \
+  "$cores" "$core_cpus" "$default" "$bound" "$unbound" "$fixed" "$two"
+if [ "$core_cpus" -lt "$cores" ]; then
+  [[ "$default" == *"note: Open MPI's default binding put rank 0 on $core_cpus of the $cores cores this job has on the node (1 rank(s) here); with training.threads: auto it runs on its share, CPUs "* ]] ||
+    fail "default binding to $core_cpus of $cores CPUs: expected the widening note"
+  [[ "$default" == *" $cores threads per rank"* ]] || fail "default binding: expected $cores threads after widening"
+  [[ "$bound" == *"note: mpirun bound rank 0 to $core_cpus of the $cores cores this job has on the node (1 rank(s) here): $core_cpus thread(s) per rank; for $cores use mpirun --bind-to none or --map-by slot:PE=$cores"* ]] ||
+    fail "--bind-to core, $core_cpus of $cores CPUs: expected the note"
+  [[ "$bound" == *" $core_cpus threads per rank"* ]] || fail "--bind-to core: expected the binding kept ($core_cpus threads)"
 else
-  [[ "$bound" != *"note:"* ]] || fail "one core: no note expected"
+  [[ "$default" != *"note:"* && "$bound" != *"note:"* ]] || fail "a core is every CPU here: no note expected"
 fi
+# Two ranks: each its half of the cores (whole cores), or its bound core where that is no fewer.
+half=$((cores / 2))
+expect_two=$((core_cpus > half ? core_cpus : half))
+[[ "$two" == *" $expect_two threads per rank"* ]] || fail "two ranks: expected $expect_two threads per rank"
+[[ "$unbound" == *" $cores threads per rank"* ]] || fail "unbound: expected $cores threads"
 [[ "$unbound" != *"note:"* ]] || fail "unbound: no note expected"
 [[ "$fixed" != *"note:"* ]] || fail "training.threads=1: no note expected"
-echo "bind_note.sh: as expected for $cores core(s)"
+echo "bind_note.sh: as expected for $cores CPU(s), $core_cpus per core"
