@@ -54,6 +54,7 @@ Runner add_train(CLI::App& cmd) {
                  "SIGUSR1/SIGTERM, after saving), step, checkpoint (cluster scripts requeue on stopped)");
   return [args, status_file]() {
     check_mkl_dispatch_knob();  // before anything is written
+    env_threads();              // a bad OMP_NUM_THREADS / MKL_NUM_THREADS too
     Config cfg = args->file.empty() ? load_config_string(embedded_default_config(), "<embedded default>", args->overrides)
                                     : load_config_file(args->file, args->overrides);
     if (!status_file->empty()) {

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <fstream>
 #include <map>
+#include <set>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -215,6 +216,39 @@ std::string widen_to_share(int local_rank, int local_size) {
     closedir(tasks);
   }
   return cpu_list(mine);
+}
+
+namespace {
+int physical_cores_in(const cpu_set_t& set) {
+  std::set<std::string> cores;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cores.insert(physical_core(cpu));
+  return int(cores.size());
+}
+}  // namespace
+
+int physical_cores_available() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cores_available();
+  return std::max(1, physical_cores_in(set));
+}
+
+int env_threads(std::string* which) {
+  int threads = 0;
+  for (const char* name : {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}) {  // MKL's over OpenMP's, as PyTorch reads them
+    const char* value = std::getenv(name);
+    if (!value || !*value) continue;
+    const std::string v(value), first = v.substr(0, v.find(','));
+    const bool digits = !first.empty() && first.size() <= 6 &&
+                        std::all_of(first.begin(), first.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits || std::atoi(first.c_str()) < 1)
+      throw UserError("environment variable " + std::string(name) + "=" + v +
+                      ": expected a positive integer (threads per rank; training.threads sets them in the YAML)");
+    threads = std::atoi(first.c_str());
+    if (which) *which = name;
+  }
+  return threads;
 }
 
 void set_threads(int n) {

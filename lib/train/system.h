@@ -21,6 +21,14 @@ bool openmpi_default_binding();
 // a slice no larger than the binding, an unreadable affinity) or setting it failed: then nothing
 // changed.
 std::string widen_to_share(int local_rank, int local_size);
+// Physical cores among the CPUs this process may run on (its affinity; a core's hardware threads
+// count once, as PyTorch's default thread count, MKL's, does).
+int physical_cores_available();
+// The thread count the environment asks for, as PyTorch reads it (OMP_NUM_THREADS, then
+// MKL_NUM_THREADS over it; a list such as "8,2" gives its first entry), 0 when neither is set or
+// they are empty; `which` names the variable that gave it. Throws UserError naming the variable on
+// anything but a positive integer. `mfsdp train` checks it first thing.
+int env_threads(std::string* which = nullptr);
 // Sets LibTorch's intra-op threads and OpenBLAS's threads to n (inter-op threads to 1).
 void set_threads(int n);
 // Threads that an at::parallel_for in mfsdp's own code reaches with the intra-op threads set now:

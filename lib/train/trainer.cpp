@@ -269,10 +269,14 @@ class Trainer {
     seed_generators();
     const std::string pfx = cfg_.logging.all_ranks && world_ > 1 ? fmt::format("[rank {}] ", rank_) : "";
 
-    // Threads: SLURM's cpus-per-task, else what the launcher bound us to, else an equal share of
-    // the node's cores among its ranks.
+    // Threads (`training.threads: auto`): OMP_NUM_THREADS / MKL_NUM_THREADS as PyTorch reads them,
+    // else SLURM's cpus-per-task, else the physical cores the launcher bound us to, else an equal
+    // share of the node's physical cores among its ranks (a core's hardware threads count once, as
+    // in PyTorch's and MKL's default).
     const int online = int(sysconf(_SC_NPROCESSORS_ONLN));
     const int local = MpiEnv::local_size();
+    std::string env_name;
+    const int from_env = env_threads(&env_name);
     const char* slurm_cpus = std::getenv("SLURM_CPUS_PER_TASK");
     const bool auto_threads = !cfg_.training.threads && !slurm_cpus;
     const bool under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
@@ -294,18 +298,24 @@ class Trainer {
     }
     const int mine = cores_available();
     const int threads = cfg_.training.threads ? int(*cfg_.training.threads)
+                        : from_env            ? from_env
                         : slurm_cpus          ? std::max(1, std::atoi(slurm_cpus))
-                                              : std::max(1, mine < online ? mine : mine / std::max(1, local));
+                        : mine < online       ? physical_cores_available()
+                                              : std::max(1, physical_cores_available() / std::max(1, local));
     set_threads(threads);
+    if (!cfg_.training.threads && from_env)
+      log(fmt::format("threads: {} per rank from {} (training.threads: auto)", threads, env_name));
     if (threads > mine)
-      log(fmt::format("warning: training.threads={} but rank {} may run on only {} core(s) (the launcher bound it); "
+      log(fmt::format("warning: {}={} but rank {} may run on only {} core(s) ({}); "
                       "use mpirun --bind-to none or --map-by slot:PE={}, or srun --cpus-per-task={}",
-                      threads, rank_, mine, threads, threads));
+                      cfg_.training.threads ? "training.threads" : from_env ? env_name : "SLURM_CPUS_PER_TASK",
+                      threads, rank_, mine, mine < online ? "the launcher bound it" : "all this machine has",
+                      threads, threads));
     // Bound narrower than that share by an explicit placement (or by a launcher other than Open MPI
     // 4's default): said once, so that a side-by-side measurement is not one thread against several
     // unawares. Only under mpirun: a process started alone has no launcher binding it (a taskset is
     // the user's).
-    if (auto_threads && under_mpirun && mine < share)
+    if (auto_threads && !from_env && under_mpirun && mine < share)
       log(fmt::format("note: mpirun bound rank {} to {} of the {} cores this job has on the node ({} rank(s) here): "
                       "{} thread(s) per rank; for {} use mpirun --bind-to none or --map-by slot:PE={}, or start a "
                       "single rank without mpirun",

@@ -13,6 +13,11 @@ rm -rf "$work"
 mkdir -p "$work"
 cores=$(nproc)  # what the test (and so mpirun's daemon) may run on
 core_cpus=$("${mpirun[@]}" -np 1 --bind-to core nproc)  # CPUs of one bound core (its hardware threads)
+# Physical cores among them (a core's hardware threads count once in threads: auto, as in PyTorch's default).
+phys=$(for c in $(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))'); do
+         cat "/sys/devices/system/cpu/cpu$c/topology/core_cpus_list" 2>/dev/null ||
+           cat "/sys/devices/system/cpu/cpu$c/topology/thread_siblings_list" 2>/dev/null || echo "cpu$c"
+       done | sort -u | wc -l)
 run() {  # name np mpirun-flags... -- overrides...: the run's notes and its threads line
   local name=$1 np=$2; shift 2
   local flags=()
@@ -20,7 +25,7 @@ run() {  # name np mpirun-flags... -- overrides...: the run's notes and its thre
   shift
   "${mpirun[@]}" -np "$np" "${flags[@]}" "$mfsdp" train -c "$base" run_dir="$work/$name" training.max_steps=1 "$@" \
     > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; echo "bind_note.sh: run $name failed" >&2; exit 1; }
-  grep -E "^note: (mpirun bound|Open MPI's default)|^mfsdp train:" "$work/$name.log" || true
+  grep -E "^note: (mpirun bound|Open MPI's default)|^threads: |^mfsdp train:" "$work/$name.log" || true
 }
 fail() { echo "bind_note.sh: $*" >&2; exit 1; }
 default=$(run default 1 -- training.threads=auto)
@@ -28,23 +33,26 @@ bound=$(run bound 1 --bind-to core -- training.threads=auto)
 unbound=$(run unbound 1 --bind-to none -- training.threads=auto)
 fixed=$(run fixed 1 --bind-to core -- training.threads=1)
 two=$(run two 2 -- training.threads=auto)
-printf 'cores %s, a bound core %s CPU(s)\ndefault: %s\nbound:   %s\nunbound: %s\nfixed:   %s\ntwo:     %s\n' \
-  "$cores" "$core_cpus" "$default" "$bound" "$unbound" "$fixed" "$two"
+omp=$(OMP_NUM_THREADS=1 run omp 1 -- training.threads=auto)  # the environment's count, as PyTorch reads it
+printf 'cores %s (physical %s), a bound core %s CPU(s)\ndefault: %s\nbound:   %s\nunbound: %s\nfixed:   %s\ntwo:     %s\nomp:     %s\n' \
+  "$cores" "$phys" "$core_cpus" "$default" "$bound" "$unbound" "$fixed" "$two" "$omp"
 if [ "$core_cpus" -lt "$cores" ]; then
   [[ "$default" == *"note: Open MPI's default binding put rank 0 on $core_cpus of the $cores cores this job has on the node (1 rank(s) here); with training.threads: auto it runs on its share, CPUs "* ]] ||
     fail "default binding to $core_cpus of $cores CPUs: expected the widening note"
-  [[ "$default" == *" $cores threads per rank"* ]] || fail "default binding: expected $cores threads after widening"
-  [[ "$bound" == *"note: mpirun bound rank 0 to $core_cpus of the $cores cores this job has on the node (1 rank(s) here): $core_cpus thread(s) per rank; for $cores use mpirun --bind-to none or --map-by slot:PE=$cores"* ]] ||
+  [[ "$default" == *" $phys threads per rank"* ]] || fail "default binding: expected $phys threads after widening"
+  [[ "$bound" == *"note: mpirun bound rank 0 to $core_cpus of the $cores cores this job has on the node (1 rank(s) here): 1 thread(s) per rank; for $cores use mpirun --bind-to none or --map-by slot:PE=$cores"* ]] ||
     fail "--bind-to core, $core_cpus of $cores CPUs: expected the note"
-  [[ "$bound" == *" $core_cpus threads per rank"* ]] || fail "--bind-to core: expected the binding kept ($core_cpus threads)"
+  [[ "$bound" == *" 1 threads per rank"* ]] || fail "--bind-to core: expected the binding kept (1 thread, one core)"
 else
   [[ "$default" != *"note:"* && "$bound" != *"note:"* ]] || fail "a core is every CPU here: no note expected"
 fi
-# Two ranks: each its half of the cores (whole cores), or its bound core where that is no fewer.
-half=$((cores / 2))
-expect_two=$((core_cpus > half ? core_cpus : half))
+# Two ranks: each its half of the physical cores, or its bound core where that is no fewer.
+half=$((phys / 2))
+expect_two=$((half > 1 ? half : 1))
 [[ "$two" == *" $expect_two threads per rank"* ]] || fail "two ranks: expected $expect_two threads per rank"
-[[ "$unbound" == *" $cores threads per rank"* ]] || fail "unbound: expected $cores threads"
+[[ "$unbound" == *" $phys threads per rank"* ]] || fail "unbound: expected $phys threads"
 [[ "$unbound" != *"note:"* ]] || fail "unbound: no note expected"
 [[ "$fixed" != *"note:"* ]] || fail "training.threads=1: no note expected"
-echo "bind_note.sh: as expected for $cores CPU(s), $core_cpus per core"
+[[ "$omp" == *"threads: 1 per rank from OMP_NUM_THREADS (training.threads: auto)"* && "$omp" == *" 1 threads per rank"* ]] ||
+  fail "OMP_NUM_THREADS=1: expected 1 thread, said so"
+echo "bind_note.sh: as expected for $cores CPU(s) on $phys core(s), $core_cpus per bound core"
