@@ -19,6 +19,7 @@
 #include "catch.h"
 #include "kernel_refs.h"
 #include "model/cpu_attention.h"
+#include "model/cpu_kernels.h"
 #include "model/fast_ops.h"
 #include "train/system.h"
 
@@ -61,6 +62,48 @@ TEST_CASE("mfsdp's parallel loops reach every intra-op thread") {
     CHECK(mfsdp::parallel_loop_threads() == n);
   }
   at::set_num_threads(before);
+}
+
+TEST_CASE("cross entropy rows: logsumexp_row and xent_grad_row against ATen, in place and not, non-finite rows") {
+  at::Generator gen = at::detail::createCPUGenerator(5);
+  for (int64_t n : {1, 15, 16, 17, 1000, 50257}) {
+    INFO("n " << n);
+    const at::Tensor x = at::randn({n}, gen, at::kFloat) * 6;
+    const float* p = x.const_data_ptr<float>();
+    const double ref = at::logsumexp(x.to(at::kDouble), 0).item<double>();
+    const float lse = mfsdp::logsumexp_row(p, n);
+    CHECK(std::abs(lse - ref) <= 2e-6 * std::max(1.0, std::abs(ref)));
+    // (softmax - onehot * 0.75) * 0.5 at target n / 2, against the same in double.
+    const int64_t t = n / 2;
+    at::Tensor want = at::exp(x.to(at::kDouble) - ref);
+    want[t] -= 0.75;
+    want = want * 0.5;
+    at::Tensor out = at::empty({n}, at::kFloat), inplace = x.clone();
+    mfsdp::xent_grad_row(p, lse, t, 0.75f, 0.5f, out.mutable_data_ptr<float>(), n);
+    mfsdp::xent_grad_row(inplace.const_data_ptr<float>(), lse, t, 0.75f, 0.5f, inplace.mutable_data_ptr<float>(), n);
+    CHECK(out.equal(inplace));
+    // Probabilities are at most 1; the fp32 log-sum-exp's own rounding (an ulp of about 24 at n
+    // 50257: 2e-6) moves them by up to that relative amount, as ATen's fp32 softmax does.
+    CHECK((out.to(at::kDouble) - want).abs().max().item<double>() <= 1e-5);
+    // A target outside the row (another rank's column under vocabulary parallelism): no onehot.
+    mfsdp::xent_grad_row(p, lse, -1, 1.0f, 1.0f, out.mutable_data_ptr<float>(), n);
+    CHECK((out.to(at::kDouble) - at::exp(x.to(at::kDouble) - ref)).abs().max().item<double>() <= 1e-5);
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> row(40, 0.5f);
+  row[7] = std::nanf("");
+  CHECK(std::isnan(mfsdp::logsumexp_row(row.data(), 40)));
+  row[7] = inf;
+  CHECK(mfsdp::logsumexp_row(row.data(), 40) == inf);
+  std::vector<float> low(40, -inf);
+  CHECK(mfsdp::logsumexp_row(low.data(), 40) == -inf);
+  // A non-finite log-sum-exp makes the gradient row non-finite (the step's gradient norm then says
+  // so), never finite values from the clamped exp.
+  std::vector<float> g(40);
+  mfsdp::xent_grad_row(row.data(), inf, 3, 1.0f, 1.0f, g.data(), 40);
+  CHECK(std::isnan(g[7]));
+  mfsdp::xent_grad_row(row.data(), std::nanf(""), 3, 1.0f, 1.0f, g.data(), 40);
+  CHECK(std::all_of(g.begin(), g.end(), [](float v) { return std::isnan(v); }));
 }
 
 TEST_CASE("GELU tanh: mfsdp's kernel against the function in double and against ATen's, fp32") {

@@ -168,6 +168,52 @@ TEST_CASE("cross_entropy_per_token equals ATen's cross entropy, in several row c
   CHECK(max_rel(leaf.grad().to(at::kFloat), ref_leaf.grad().to(at::kFloat)) < (dtype == at::kFloat ? 1e-5 : 1e-2));
 }
 
+TEST_CASE("cross_entropy_per_token writes its gradient over logits that nothing else holds, and only then") {
+  const int64_t N = 96, V = 5000;
+  at::Generator gen = at::detail::createCPUGenerator(12);
+  const at::Tensor base = at::randn({N, V}, gen, at::kFloat) * 4;
+  const at::Tensor targets = at::randint(0, V, {N}, gen, at::kLong);
+  const at::Tensor weights = at::rand({N}, gen, at::kFloat);
+  // The gradient of sum(weights * CE(f(leaf))) through ATen's cross entropy, f as the model's last op.
+  auto reference = [&](auto f) {
+    at::Tensor leaf = base.clone().requires_grad_(true);
+    (at::cross_entropy_loss(f(leaf), targets, {}, at::Reduction::None) * weights).sum().backward();
+    return leaf.grad();
+  };
+  auto times2 = [](const at::Tensor& x) { return x * 2.0; };  // saves no tensor of its output
+  SECTION("the trainer's case: a reshaped model output, no handle kept: overwritten, gradient exact") {
+    at::Tensor leaf = base.clone().requires_grad_(true);
+    const int64_t before = cross_entropy_overwrites();
+    at::Tensor out = times2(leaf).view({N / 2, 2, V});  // the model's [B, T, V]
+    at::Tensor loss = cross_entropy_per_token(out.reshape({-1, V}), targets, nullptr, 0, -1, /*consume_logits=*/true);
+    out = at::Tensor();
+    (loss * weights).sum().backward();
+    CHECK(cross_entropy_overwrites() == before + 1);
+    CHECK(max_rel(leaf.grad(), reference(times2)) < 1e-5);
+  }
+  SECTION("the model's last op saved its output (tanh): not overwritten, its backward reads the right values") {
+    at::Tensor leaf = base.clone().requires_grad_(true);
+    const int64_t before = cross_entropy_overwrites();
+    at::Tensor loss = cross_entropy_per_token(at::tanh(leaf), targets, nullptr, 0, -1, /*consume_logits=*/true);
+    (loss * weights).sum().backward();
+    CHECK(cross_entropy_overwrites() == before);
+    CHECK(max_rel(leaf.grad(), reference([](const at::Tensor& x) { return at::tanh(x); })) < 1e-5);
+  }
+  SECTION("the caller kept a handle, or did not consume: not overwritten, the logits unchanged") {
+    const bool consume = GENERATE(true, false);
+    at::Tensor leaf = base.clone().requires_grad_(true);
+    const int64_t before = cross_entropy_overwrites();
+    at::Tensor logits = times2(leaf);
+    const at::Tensor copy = logits.detach().clone();
+    at::Tensor loss = cross_entropy_per_token(logits, targets, nullptr, 0, -1, consume);
+    if (!consume) logits = at::Tensor();
+    (loss * weights).sum().backward();
+    CHECK(cross_entropy_overwrites() == before);
+    if (consume) CHECK(logits.detach().equal(copy));
+    CHECK(max_rel(leaf.grad(), reference(times2)) < 1e-5);
+  }
+}
+
 TEST_CASE("all_gather_dim and reduce_scatter_dim along the sequence") {
   auto c = test::world("tp");
   const int n = c->size(), r = c->rank();

@@ -255,10 +255,12 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
     for (size_t pi = 0; pi < params.size(); ++pi)
       if (!params[pi].frozen && !buckets_[info_[pi].bucket].frozen)
         sink_index_[params[pi].tensor.unsafeGetTensorImpl()] = int(pi);
-    const int calls = use_sink_linear(model_.module());
-    if (calls == 0) return;
+    const SinkCalls calls = use_sink_linear(model_.module());
+    if (calls.linear + calls.embedding == 0) return;
     set_grad_sink(this);
-    sink_note_ = fmt::format("; gradients: the products of {} linear call site(s) write theirs into the buckets", calls);
+    sink_note_ = fmt::format("; gradients: the products of {} linear call site(s) write theirs into the buckets{}",
+                             calls.linear,
+                             calls.embedding ? fmt::format(", {} embedding call site(s) their rows", calls.embedding) : "");
   }
   int sink_param(const at::Tensor& t) const override {
     auto it = sink_index_.find(t.unsafeGetTensorImpl());

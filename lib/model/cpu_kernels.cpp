@@ -525,4 +525,50 @@ MFSDP_CLONES void softmax_backward_row(const float* p, float* g, float d, int64_
 
 MFSDP_CLONES float dot_row(const float* a, const float* b, int64_t n) { return dot(a, b, n); }
 
+// Two passes over a row of the logits (a vocabulary's row, 50257 floats of GPT-2, stays in L2 for the
+// second): the maximum, then the sum of exp(x - max). ATen's logsumexp makes four (amax, a subtracted
+// copy, exp in place, sum), the copy a fresh [rows, vocab] temporary.
+MFSDP_CLONES float logsumexp_row(const float* x, int64_t n) {
+  vf vm = splat(-INFINITY);
+  vi bad = vi{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const vf v = load(x + i);
+    vm = v > vm ? v : vm;
+    bad |= v != v;
+  }
+  float m = hmax(vm);
+  bool nan = false;
+  for (int64_t j = 0; j < kLanes; ++j) nan |= bad[j] != 0;
+  for (int64_t j = i; j < n; ++j) {
+    m = x[j] > m ? x[j] : m;
+    nan |= x[j] != x[j];
+  }
+  if (nan) return NAN;
+  if (!std::isfinite(m)) return m;  // +inf (a +inf logit), or -inf (every logit -inf, or n == 0)
+  const vf vmax = splat(m);
+  vf acc = vf{};
+  for (i = 0; i + kLanes <= n; i += kLanes) acc += vexp(load(x + i) - vmax);
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += std::exp(x[i] - m);
+  return m + std::log(hsum(acc) + tail);
+}
+
+MFSDP_CLONES void xent_grad_row(const float* x, float lse, int64_t target, float onehot, float g, float* out,
+                                int64_t n) {
+  const bool hit = target >= 0 && target < n;
+  const float xt = hit ? x[target] : 0.0f;  // read before an in-place row overwrites it
+  if (!std::isfinite(lse)) {
+    // A NaN or infinite row (the step will be skipped or stopped by its non-finite gradient norm):
+    // exp as the C library computes it, so that NaN and inf come out as ATen's would; vexp clamps.
+    for (int64_t j = 0; j < n; ++j) out[j] = std::exp(x[j] - lse) * g;
+  } else {
+    const vf vl = splat(lse), vg = splat(g);
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) store(out + i, vexp(load(x + i) - vl) * vg);
+    for (; i < n; ++i) out[i] = std::exp(x[i] - lse) * g;
+  }
+  if (hit) out[target] = (std::exp(xt - lse) - onehot) * g;
+}
+
 }  // namespace mfsdp

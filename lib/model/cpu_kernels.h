@@ -46,4 +46,12 @@ float softmax_row(float* s, int64_t n, int64_t len);
 void softmax_from_lse_row(float* s, float lse, int64_t n, int64_t len);
 void softmax_backward_row(const float* p, float* g, float d, int64_t n, int64_t len);
 float dot_row(const float* a, const float* b, int64_t n);
+
+// Cross entropy's rows (parallel/cross_entropy.cpp). log(sum(exp(x[0:n]))), as ATen's logsumexp
+// computes it: the row's maximum first; NaN for a row with a NaN, +inf with a +inf, -inf when all
+// are -inf.
+float logsumexp_row(const float* x, int64_t n);
+// The loss's gradient on one row: out[j] = (exp(x[j] - lse) - (j == target ? onehot : 0)) * g for
+// j < n; out may be x (in place). A NaN lse gives a NaN row.
+void xent_grad_row(const float* x, float lse, int64_t target, float onehot, float g, float* out, int64_t n);
 }  // namespace mfsdp

@@ -122,6 +122,84 @@ struct LinearT : public torch::autograd::Function<LinearT> {
   }
 };
 
+// dst[idx[i]] += rows[i] for i in order: fp32 CPU rows by a loop of its own (index_add_ goes through a
+// TensorIterator per row), anything else by index_add_, which adds in the same order.
+void add_rows(at::Tensor& dst, const at::Tensor& idx0, const at::Tensor& rows0) {
+  if (!(dst.is_cpu() && dst.scalar_type() == at::kFloat && rows0.scalar_type() == at::kFloat && dst.is_contiguous() &&
+        dst.dim() == 2)) {
+    dst.index_add_(0, idx0, rows0);
+    return;
+  }
+  const at::Tensor idx = idx0.to(at::kLong).contiguous(), rows = rows0.contiguous();
+  const int64_t n = idx.size(0), d = dst.size(1), R = dst.size(0);
+  TORCH_CHECK(rows.size(0) == n && rows.size(1) == d, "embedding backward: ", n, " rows of ", d, " expected");
+  const int64_t* ix = idx.const_data_ptr<int64_t>();
+  const float* src = rows.const_data_ptr<float>();
+  float* out = dst.mutable_data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(ix[i] >= 0 && ix[i] < R, "embedding backward: index ", ix[i], " out of ", R, " rows");
+    float* o = out + ix[i] * d;
+    const float* r = src + i * d;
+    for (int64_t j = 0; j < d; ++j) o[j] += r[j];
+  }
+}
+
+// y = w[indices]: aten::embedding, whose backward adds each token's gradient row into the table's
+// gradient in the bucket, in token order (ATen's embedding_dense_backward: a zeroed [rows, d]
+// tensor, the rows added in the same order, then added into the bucket by the accumulator hook).
+// For a table tied to the output head the head's product has written its gradient there already,
+// and the rows go on top of it; an untied table's buffer is zeroed first (then the same bits as
+// ATen's). No table-sized temporary: at GPT-2's vocabulary that was a fresh 154 MB zeroed (page
+// faults) and added every backward, about 70 ms of an 8.5 s one-thread step. Rows at padding_idx
+// get no gradient, as ATen's; scale_grad_by_freq and sparse gradients go to ATen's backward.
+struct Embedding : public torch::autograd::Function<Embedding> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor& indices, int64_t padding_idx,
+                            bool scale_grad_by_freq, bool sparse) {
+    ctx->save_for_backward({indices});
+    ctx->saved_data["w_sink"] = scale_grad_by_freq || sparse ? int64_t(-1) : sink_index(w);
+    ctx->saved_data["rows"] = w.size(0);
+    ctx->saved_data["padding_idx"] = padding_idx;
+    ctx->saved_data["scale_grad_by_freq"] = scale_grad_by_freq;
+    ctx->saved_data["sparse"] = sparse;
+    return at::embedding(w, indices, padding_idx, scale_grad_by_freq, sparse);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list g) {
+    const at::Tensor indices = ctx->get_saved_variables()[0];
+    const int64_t padding_idx = ctx->saved_data["padding_idx"].toInt();
+    if (!ctx->needs_input_grad(0)) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor dw = param_grad(
+        ctx->saved_data["w_sink"].toInt(),
+        [&](at::Tensor& dst, bool accumulate) {
+          at::Tensor idx = indices.reshape({-1});
+          at::Tensor rows = g[0].reshape({idx.size(0), -1});
+          if (padding_idx >= 0) {
+            const at::Tensor keep = idx.ne(padding_idx).nonzero().squeeze(1);
+            idx = idx.index_select(0, keep);
+            rows = rows.index_select(0, keep);
+          }
+          if (!accumulate) dst.zero_();
+          add_rows(dst, idx, rows);
+        },
+        [&] {
+          return at::embedding_backward(g[0], indices, ctx->saved_data["rows"].toInt(), padding_idx,
+                                        ctx->saved_data["scale_grad_by_freq"].toBool(), ctx->saved_data["sparse"].toBool());
+        });
+    return {dw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor embedding_autograd(const at::Tensor& w, const at::Tensor& indices, int64_t padding_idx,
+                              bool scale_grad_by_freq, bool sparse) {
+  if (!at::GradMode::is_enabled() || !w.requires_grad() || w.dim() != 2)
+    return at::embedding(w, indices, padding_idx, scale_grad_by_freq, sparse);
+  return Embedding::apply(w, indices, padding_idx, scale_grad_by_freq, sparse);
+}
+at::Tensor embedding_plain(const at::Tensor& w, const at::Tensor& indices, int64_t padding_idx,
+                           bool scale_grad_by_freq, bool sparse) {
+  return at::embedding(w, indices, padding_idx, scale_grad_by_freq, sparse);
+}
+
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
   const std::optional<at::Tensor> bias = b && b->defined() ? b : std::nullopt;
   const bool grad = at::GradMode::is_enabled() &&
@@ -143,6 +221,13 @@ at::Tensor linear_t_autograd(const at::Tensor& b, const at::Tensor& x, const at:
   return LinearT::apply(b, x, w);
 }
 at::Tensor linear_t_plain(const at::Tensor& b, const at::Tensor& x, const at::Tensor& w) { return at::addmm(b, x, w); }
+
+// aten::embedding(w, indices, padding_idx, scale_grad_by_freq, sparse) with all five inputs.
+bool replace_embedding(torch::jit::Node* node) {
+  if (node->inputs().size() != 5 || node->outputs().size() != 1) return false;
+  return replace_node_by(node, "mfsdp::embedding",
+                         {node->input(0), node->input(1), node->input(2), node->input(3), node->input(4)});
+}
 
 bool replace_linear(torch::jit::Node* node) {
   if (node->inputs().size() != 3 || node->outputs().size() != 1) return false;
@@ -167,10 +252,18 @@ void set_grad_sink(GradSink* sink) { g_sink.store(sink); }
 // Into called functions too: nn.MultiheadAttention's projections are linear calls inside
 // torch.nn.functional's multi_head_attention_forward (the sink finds a parameter by identity).
 // HF's Conv1D too (its addmm; under tensor parallelism its call sites are matmul and add, left alone).
-int use_sink_linear(torch::jit::Module& root) {
-  return rewrite_nodes(root, {c10::aten::linear, c10::aten::addmm}, [](torch::jit::Node* node) {
-    return node->kind() == c10::aten::linear ? replace_linear(node) : replace_addmm(node);
+// Embeddings too: scripted nn.Embedding calls torch.nn.functional.embedding, whose aten::embedding
+// is in that function's graph.
+SinkCalls use_sink_linear(torch::jit::Module& root) {
+  SinkCalls calls;
+  rewrite_nodes(root, {c10::aten::linear, c10::aten::addmm, c10::aten::embedding}, [&](torch::jit::Node* node) {
+    const bool embedding = node->kind() == c10::aten::embedding;
+    const bool done = embedding ? replace_embedding(node)
+                      : node->kind() == c10::aten::linear ? replace_linear(node) : replace_addmm(node);
+    if (done) ++(embedding ? calls.embedding : calls.linear);
+    return done;
   }, /*into_functions=*/true);
+  return calls;
 }
 
 }  // namespace mfsdp
@@ -178,14 +271,17 @@ int use_sink_linear(torch::jit::Module& root) {
 TORCH_LIBRARY_FRAGMENT(mfsdp, m) {
   m.def("linear(Tensor x, Tensor w, Tensor? b) -> Tensor");
   m.def("linear_t(Tensor b, Tensor x, Tensor w) -> Tensor");
+  m.def("embedding(Tensor weight, Tensor indices, int padding_idx, bool scale_grad_by_freq, bool sparse) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, Autograd, m) {
   m.impl("linear", mfsdp::linear_autograd);
   m.impl("linear_t", mfsdp::linear_t_autograd);
+  m.impl("embedding", mfsdp::embedding_autograd);
 }
 
 TORCH_LIBRARY_IMPL(mfsdp, CompositeExplicitAutograd, m) {
   m.impl("linear", mfsdp::linear_plain);
   m.impl("linear_t", mfsdp::linear_t_plain);
+  m.impl("embedding", mfsdp::embedding_plain);
 }

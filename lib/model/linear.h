@@ -29,11 +29,15 @@ class GradSink {
 // The sink that mfsdp::linear's backward writes into (nullptr: none; every gradient to autograd).
 void set_grad_sink(GradSink* sink);
 
-// Replaces every aten::linear(x, w, b) in the module's graphs by mfsdp::linear(x, w, b), and every
+// Replaces every aten::linear(x, w, b) in the module's graphs by mfsdp::linear(x, w, b), every
 // aten::addmm(b, x, w, 1, 1) (Hugging Face's Conv1D: y = x w + b, w stored [in, out]) by
-// mfsdp::linear_t(b, x, w), once per TorchScript type. After tensor parallelism has rewritten its
+// mfsdp::linear_t(b, x, w), and every aten::embedding by mfsdp::embedding (its backward adds the
+// token rows into the table's bucket gradient), once per TorchScript type. After tensor parallelism has rewritten its
 // call sites (it finds Linear and Conv1D modules by their aten::linear and aten::addmm). Returns the
-// number of calls replaced.
-int use_sink_linear(torch::jit::Module& root);
+// calls replaced, linear (and Conv1D) and embedding.
+struct SinkCalls {
+  int linear = 0, embedding = 0;
+};
+SinkCalls use_sink_linear(torch::jit::Module& root);
 
 }  // namespace mfsdp

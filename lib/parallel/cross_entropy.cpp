@@ -2,15 +2,19 @@
 #include "parallel/cross_entropy.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 
 #include "comm/communicator.h"
 #include "comm/flight_recorder.h"
+#include "model/cpu_kernels.h"
 
 namespace mfsdp {
 namespace {
@@ -31,9 +35,37 @@ void for_chunks(const at::Tensor& logits, const std::function<void(int64_t, int6
   for (int64_t r = 0; r < n; r += step) fn(r, std::min(step, n - r));
 }
 
+std::atomic<int64_t> g_overwrites{0};
+
+// fp32 rows on the CPU, each of unit stride: the fused row kernels (model/cpu_kernels.h) take them.
+bool fused_rows(const at::Tensor& logits) {
+  return logits.is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
+         (logits.stride(1) == 1 || logits.size(1) <= 1) && logits.size(1) > 0;
+}
+
+// Rows [0, n) over ATen's threads, a grain of a few rows (a row is a whole vocabulary).
+template <class Fn>
+void for_rows(int64_t n, Fn fn) {
+  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fn(i);
+  });
+}
+
+// Whether nothing but this function's own saved reference can read `logits` once its backward has
+// run, so that the gradient may be written over them: the caller promised to drop its handles
+// (`consume`), one tensor object holds the storage (two with a view's base: the trainer reshapes
+// the model's [B, T, V] output), and nothing else holds that object (the saved variable and the
+// backward's unpacked copy). A model whose last op saved its own output (torch.tanh, softmax, ...)
+// or a caller that kept a handle shows up as one reference more, and gets a fresh gradient.
+bool may_overwrite(const at::Tensor& logits, bool consume) {
+  if (!consume || !logits.has_storage()) return false;
+  const int64_t owners = logits.is_view() ? 2 : 1;
+  return int64_t(logits.storage().use_count()) <= owners && int64_t(logits.use_count()) <= 2;
+}
+
 struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& all_logits, const at::Tensor& targets,
-                            Communicator* group, int64_t start, int64_t real_columns) {
+                            Communicator* group, int64_t start, int64_t real_columns, bool consume) {
     // Padding columns of an uneven vocabulary split are left out: `logits` are the real ones.
     const int64_t n = all_logits.size(0), v = real_columns < 0 ? all_logits.size(1) : real_columns;
     const at::Tensor logits = v == all_logits.size(1) ? all_logits : all_logits.narrow(1, 0, v);
@@ -46,7 +78,12 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
       idx = local.clamp(0, std::max<int64_t>(v, 1) - 1);
     }
     at::Tensor target_logit = v > 0 ? logits.gather(1, idx.unsqueeze(1)).squeeze(1).to(at::kFloat) : at::zeros({n}, f32);
-    if (!group) {
+    if (!group && fused_rows(logits)) {
+      const float* x = logits.const_data_ptr<float>();
+      float* l = lse.mutable_data_ptr<float>();
+      const int64_t ld = logits.stride(0), v_cols = v;
+      for_rows(n, [&](int64_t i) { l[i] = logsumexp_row(x + i * ld, v_cols); });
+    } else if (!group) {
       for_chunks(logits, [&](int64_t r, int64_t k) { lse.narrow(0, r, k).copy_(logits.narrow(0, r, k).to(at::kFloat).logsumexp(1)); });
     } else {
       // The global maximum first (exp of the shifted logits cannot overflow), then one all-reduce
@@ -69,6 +106,7 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     }
     ctx->save_for_backward({all_logits, lse});
     ctx->saved_data["real"] = v;
+    ctx->saved_data["consume"] = consume;
     ctx->saved_data["idx"] = idx;
     if (mine.defined()) ctx->saved_data["mine"] = mine;
     return lse - target_logit;
@@ -79,14 +117,35 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     const at::Tensor& all_logits = saved[0];
     const at::Tensor& lse = saved[1];
     const int64_t v = ctx->saved_data["real"].toInt();
+    const at::Tensor idx = ctx->saved_data["idx"].toTensor();
+    const at::Tensor g = grads[0].to(at::kFloat);
+    // d loss_i / d logit_ij = softmax_ij - [j == target_i]; onehot only where this rank holds it.
+    at::Tensor onehot = at::ones({all_logits.size(0), 1}, lse.options());
+    if (ctx->saved_data.count("mine")) onehot = ctx->saved_data["mine"].toTensor().to(at::kFloat).unsqueeze(1);
+    if (fused_rows(all_logits) && v > 0) {
+      // One pass per row, straight into the gradient: over the logits themselves when nothing else
+      // can read them (may_overwrite): no logits-sized allocation, whose first touch page-faulted a
+      // fresh 200 MB every step at GPT-2's vocabulary (and no second logits-sized tensor at the
+      // backward's largest moment).
+      const bool in_place = may_overwrite(all_logits, ctx->saved_data["consume"].toBool());
+      if (in_place) g_overwrites.fetch_add(1, std::memory_order_relaxed);
+      at::Tensor grad = in_place ? all_logits : at::empty_like(all_logits, at::MemoryFormat::Contiguous);
+      const int64_t cols = all_logits.size(1), ldx = all_logits.stride(0), ldg = grad.stride(0);
+      const float* x = all_logits.const_data_ptr<float>();
+      float* out = grad.mutable_data_ptr<float>();
+      const at::Tensor idx_c = idx.to(at::kLong).contiguous(), g_c = g.reshape({-1}).contiguous(),
+                       oh_c = onehot.reshape({-1}).contiguous(), lse_c = lse.contiguous();
+      const int64_t* t = idx_c.const_data_ptr<int64_t>();
+      const float *gp = g_c.const_data_ptr<float>(), *oh = oh_c.const_data_ptr<float>(), *l = lse_c.const_data_ptr<float>();
+      for_rows(all_logits.size(0), [&](int64_t i) {
+        xent_grad_row(x + i * ldx, l[i], t[i], oh[i], gp[i], out + i * ldg, v);
+        if (v < cols) std::memset(out + i * ldg + v, 0, size_t(cols - v) * sizeof(float));  // padding columns
+      });
+      return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     at::Tensor grad = at::empty_like(all_logits, at::MemoryFormat::Contiguous);
     if (v < all_logits.size(1)) grad.narrow(1, v, all_logits.size(1) - v).zero_();  // padding columns
     const at::Tensor logits = all_logits.narrow(1, 0, v);
-    const at::Tensor idx = ctx->saved_data["idx"].toTensor();
-    // d loss_i / d logit_ij = softmax_ij - [j == target_i]; onehot only where this rank holds it.
-    at::Tensor onehot = at::ones({logits.size(0), 1}, lse.options());
-    if (ctx->saved_data.count("mine")) onehot = ctx->saved_data["mine"].toTensor().to(at::kFloat).unsqueeze(1);
-    const at::Tensor g = grads[0].to(at::kFloat);
     if (v > 0)
       for_chunks(logits, [&](int64_t r, int64_t k) {
         at::Tensor p = (logits.narrow(0, r, k).to(at::kFloat) - lse.narrow(0, r, k).unsqueeze(1)).exp_();
@@ -94,15 +153,17 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
         p.mul_(g.narrow(0, r, k).unsqueeze(1));
         grad.narrow(0, r, k).narrow(1, 0, v).copy_(p);
       });
-    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor cross_entropy_per_token(const at::Tensor& logits, const at::Tensor& targets, Communicator* vocab_group,
-                                   int64_t vocab_start, int64_t real_columns) {
-  return ChunkedCrossEntropy::apply(logits, targets, vocab_group, vocab_start, real_columns);
+                                   int64_t vocab_start, int64_t real_columns, bool consume_logits) {
+  return ChunkedCrossEntropy::apply(logits, targets, vocab_group, vocab_start, real_columns, consume_logits);
 }
+
+int64_t cross_entropy_overwrites() { return g_overwrites.load(std::memory_order_relaxed); }
 
 }  // namespace mfsdp

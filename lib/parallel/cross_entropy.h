@@ -20,8 +20,14 @@ class Communicator;
 // target outside this rank's columns contributes nothing here. Only the first `real_columns` of
 // them (-1: all) are the vocabulary's: the rest pad an uneven split (TpSplit), take no part in the
 // loss and get a zero gradient. Differentiable in logits; the gradient has the logits' dtype.
+// fp32 logits on the CPU take fused row kernels (one read of a row forward, one pass backward).
+// `consume_logits`: the caller keeps no handle on the logits once the loss is computed, and
+// backward runs once; the backward may then write the gradient over them when nothing else holds
+// them (cross_entropy.cpp, may_overwrite).
 at::Tensor cross_entropy_per_token(const at::Tensor& logits, const at::Tensor& targets,
                                    Communicator* vocab_group = nullptr, int64_t vocab_start = 0,
-                                   int64_t real_columns = -1);
+                                   int64_t real_columns = -1, bool consume_logits = false);
+// Backward passes so far that wrote their gradient over the logits (for the tests).
+int64_t cross_entropy_overwrites();
 
 }  // namespace mfsdp

@@ -212,10 +212,10 @@ at::Tensor reduce_scatter_dim(Communicator& c, const at::Tensor& x, int64_t dim)
 }
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
-                                        int64_t vocab) {
+                                        int64_t vocab, bool consume_logits) {
   if (!active()) throw std::logic_error("vocab_parallel_cross_entropy without a tensor-parallel group");
   const int64_t real = std::clamp<int64_t>(vocab - vocab_start, 0, logits.size(1));
-  return cross_entropy_per_token(logits, targets, g_tp.load(), vocab_start, real);
+  return cross_entropy_per_token(logits, targets, g_tp.load(), vocab_start, real, consume_logits);
 }
 
 }  // namespace mfsdp

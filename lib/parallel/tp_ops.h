@@ -34,9 +34,10 @@ void set_sequence_length(int64_t tokens_dim1);
 // [vocab_start, vocab_start + V/tp) of the full logits. Returns the per-token loss [N] (identical
 // on every TP rank), with max and sum-exp reduced across the group; the full [N, V] logits never
 // exist on one rank. With `vocab` < vocab_start + V/tp, the columns past it are padding (an
-// uneven split, TpSplit), outside the loss. Differentiable in logits.
+// uneven split, TpSplit), outside the loss. Differentiable in logits. `consume_logits`: as
+// cross_entropy_per_token's.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
-                                        int64_t vocab);
+                                        int64_t vocab, bool consume_logits = false);
 
 // Along dimension `dim`: every rank's tensor concatenated in rank order / this rank's chunk of the
 // sum. Shared with the context-parallel code.

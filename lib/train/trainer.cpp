@@ -644,10 +644,13 @@ class Trainer {
     // A colwise output head leaves the logits sharded over the vocabulary: the loss is computed on
     // the shards (max and sum-exp reduced across TP), never on a full [tokens, vocab] tensor.
     at::Tensor ce = tp_->logits_sharded()
-                        ? vocab_parallel_cross_entropy(logits.reshape({-1, V}), b.targets.reshape({-1}), tp_->vocab_start(V), vocab_)
-                        : cross_entropy_per_token(logits.reshape({-1, V}), b.targets.reshape({-1}));
+                        ? vocab_parallel_cross_entropy(logits.reshape({-1, V}), b.targets.reshape({-1}), tp_->vocab_start(V),
+                                                       vocab_, /*consume_logits=*/true)
+                        : cross_entropy_per_token(logits.reshape({-1, V}), b.targets.reshape({-1}), nullptr, 0, -1,
+                                                  /*consume_logits=*/true);
     // The loss holds the logits for its backward; this handle would keep them alive beside the
-    // gradient of the output head, the largest moment of the backward (DESIGN.md section 7, step 3).
+    // gradient of the output head, the largest moment of the backward (DESIGN.md section 7, step 3),
+    // and would stop the loss's backward writing that gradient over them (consume_logits).
     logits = at::Tensor();
     at::Tensor mask = b.loss_mask.reshape({-1});
     at::Tensor masked_sum = (ce * mask).sum();
