@@ -445,25 +445,35 @@ MFSDP_CLONES void rms_norm_backward(const float* g, const float* x, const float*
   }
 }
 
-// Attention's softmax, one row of logits in place: s[0:n] = exp(s - max) / sum, s[n:len] = 0 (the
-// keys a causal row does not see). The max first keeps every exp <= 1; a NaN or an infinite
-// logit makes the row NaN, as ATen's softmax does (vexp would clamp it to a finite value).
-MFSDP_CLONES float softmax_row(float* s, int64_t n, int64_t len) {
+// The maximum of x[0:n] (-inf for n == 0), and whether any of them is NaN. Inlined into each
+// caller's target clone (flatten).
+namespace {
+inline float row_max(const float* x, int64_t n, bool& nan) {
   vf vm = splat(-INFINITY);
   vi bad = vi{};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    const vf x = load(s + i);
-    vm = x > vm ? x : vm;
-    bad |= x != x;
+    const vf v = load(x + i);
+    vm = v > vm ? v : vm;
+    bad |= v != v;
   }
   float m = hmax(vm);
-  bool nan = false;
   for (int64_t j = 0; j < kLanes; ++j) nan |= bad[j] != 0;
   for (int64_t j = i; j < n; ++j) {
-    m = s[j] > m ? s[j] : m;
-    nan |= s[j] != s[j];
+    m = x[j] > m ? x[j] : m;
+    nan |= x[j] != x[j];
   }
+  return m;
+}
+}  // namespace
+
+// Attention's softmax, one row of logits in place: s[0:n] = exp(s - max) / sum, s[n:len] = 0 (the
+// keys a causal row does not see). The max first keeps every exp <= 1; a NaN or an infinite
+// logit makes the row NaN, as ATen's softmax does (vexp would clamp it to a finite value).
+MFSDP_CLONES float softmax_row(float* s, int64_t n, int64_t len) {
+  bool nan = false;
+  const float m = row_max(s, n, nan);
+  int64_t i = 0;
   float lse = NAN;
   if (nan || !std::isfinite(m)) {
     for (int64_t j = 0; j < n; ++j) s[j] = NAN;
@@ -529,21 +539,9 @@ MFSDP_CLONES float dot_row(const float* a, const float* b, int64_t n) { return d
 // second): the maximum, then the sum of exp(x - max). ATen's logsumexp makes four (amax, a subtracted
 // copy, exp in place, sum), the copy a fresh [rows, vocab] temporary.
 MFSDP_CLONES float logsumexp_row(const float* x, int64_t n) {
-  vf vm = splat(-INFINITY);
-  vi bad = vi{};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const vf v = load(x + i);
-    vm = v > vm ? v : vm;
-    bad |= v != v;
-  }
-  float m = hmax(vm);
   bool nan = false;
-  for (int64_t j = 0; j < kLanes; ++j) nan |= bad[j] != 0;
-  for (int64_t j = i; j < n; ++j) {
-    m = x[j] > m ? x[j] : m;
-    nan |= x[j] != x[j];
-  }
+  const float m = row_max(x, n, nan);
+  int64_t i = 0;
   if (nan) return NAN;
   if (!std::isfinite(m)) return m;  // +inf (a +inf logit), or -inf (every logit -inf, or n == 0)
   const vf vmax = splat(m);

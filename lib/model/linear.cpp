@@ -151,12 +151,15 @@ void add_rows(at::Tensor& dst, const at::Tensor& idx0, const at::Tensor& rows0) 
 // and the rows go on top of it; an untied table's buffer is zeroed first (then the same bits as
 // ATen's). No table-sized temporary: at GPT-2's vocabulary that was a fresh 154 MB zeroed (page
 // faults) and added every backward, about 70 ms of an 8.5 s one-thread step. Rows at padding_idx
-// get no gradient, as ATen's; scale_grad_by_freq and sparse gradients go to ATen's backward.
+// get no gradient, as ATen's; scale_grad_by_freq and sparse gradients, and tables on a GPU, go to
+// ATen's backward.
 struct Embedding : public torch::autograd::Function<Embedding> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& w, const at::Tensor& indices, int64_t padding_idx,
                             bool scale_grad_by_freq, bool sparse) {
     ctx->save_for_backward({indices});
-    ctx->saved_data["w_sink"] = scale_grad_by_freq || sparse ? int64_t(-1) : sink_index(w);
+    // CPU tables only: on a GPU ATen's backward (sorted, deterministic) stays, where index_add_'s
+    // atomics would add the rows in no fixed order.
+    ctx->saved_data["w_sink"] = scale_grad_by_freq || sparse || !w.is_cpu() ? int64_t(-1) : sink_index(w);
     ctx->saved_data["rows"] = w.size(0);
     ctx->saved_data["padding_idx"] = padding_idx;
     ctx->saved_data["scale_grad_by_freq"] = scale_grad_by_freq;

@@ -194,7 +194,9 @@ foreach(plant optimizer schedule clip loss_norm)
   if(plant STREQUAL clip)
     set(extra training.clip_grad=0.5)
   elseif(plant STREQUAL loss_norm)
-    set(extra optimizer.name=sgd optimizer.lr=0.1 training.clip_grad=0)
+    # lr 0.02: the plant's 8x gradient at lr 0.1 diverged, and whether it reached NaN (an error,
+    # not a difference) hung on the 7th digit of the loss (the cross-entropy kernels of 2026-12-07).
+    set(extra optimizer.name=sgd optimizer.lr=0.02 training.clip_grad=0)
   endif()
   mfsdp_train_run(plant_${plant} 1 ${extra})
   set_property(TEST run_plant_${plant} APPEND PROPERTY ENVIRONMENT MFSDP_TEST_PLANT=${plant})
