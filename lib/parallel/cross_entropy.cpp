@@ -120,8 +120,8 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     const at::Tensor idx = ctx->saved_data["idx"].toTensor();
     const at::Tensor g = grads[0].to(at::kFloat);
     // d loss_i / d logit_ij = softmax_ij - [j == target_i]; onehot only where this rank holds it.
-    at::Tensor onehot = at::ones({all_logits.size(0), 1}, lse.options());
-    if (ctx->saved_data.count("mine")) onehot = ctx->saved_data["mine"].toTensor().to(at::kFloat).unsqueeze(1);
+    const at::Tensor mine = ctx->saved_data.count("mine") ? ctx->saved_data["mine"].toTensor().to(at::kFloat)
+                                                          : at::Tensor();
     if (fused_rows(all_logits) && v > 0) {
       // One pass per row, straight into the gradient: over the logits themselves when nothing else
       // can read them (may_overwrite): no logits-sized allocation, whose first touch page-faulted a
@@ -134,15 +134,17 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
       const float* x = all_logits.const_data_ptr<float>();
       float* out = grad.mutable_data_ptr<float>();
       const at::Tensor idx_c = idx.to(at::kLong).contiguous(), g_c = g.reshape({-1}).contiguous(),
-                       oh_c = onehot.reshape({-1}).contiguous(), lse_c = lse.contiguous();
+                       mine_c = mine.defined() ? mine.contiguous() : at::Tensor(), lse_c = lse.contiguous();
       const int64_t* t = idx_c.const_data_ptr<int64_t>();
-      const float *gp = g_c.const_data_ptr<float>(), *oh = oh_c.const_data_ptr<float>(), *l = lse_c.const_data_ptr<float>();
+      const float *gp = g_c.const_data_ptr<float>(), *l = lse_c.const_data_ptr<float>();
+      const float* oh = mine_c.defined() ? mine_c.const_data_ptr<float>() : nullptr;  // none: every row's own
       for_rows(all_logits.size(0), [&](int64_t i) {
-        xent_grad_row(x + i * ldx, l[i], t[i], oh[i], gp[i], out + i * ldg, v);
+        xent_grad_row(x + i * ldx, l[i], t[i], oh ? oh[i] : 1.0f, gp[i], out + i * ldg, v);
         if (v < cols) std::memset(out + i * ldg + v, 0, size_t(cols - v) * sizeof(float));  // padding columns
       });
       return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
+    const at::Tensor onehot = mine.defined() ? mine.unsqueeze(1) : at::ones({all_logits.size(0), 1}, lse.options());
     at::Tensor grad = at::empty_like(all_logits, at::MemoryFormat::Contiguous);
     if (v < all_logits.size(1)) grad.narrow(1, v, all_logits.size(1) - v).zero_();  // padding columns
     const at::Tensor logits = all_logits.narrow(1, 0, v);

@@ -288,8 +288,7 @@ class Trainer {
     // uses them all. That binding is Open MPI's default, not the user's choice: the rank takes its
     // share of the node's cores instead (widen_to_share: whole physical cores, slice local_rank of
     // local_size). A placement the user gave (--bind-to, --map-by, --cpu-set, a rankfile) is kept.
-    if (auto_threads && under_mpirun && cores_available() < share && openmpi_default_binding()) {
-      const int before = cores_available();
+    if (const int before = cores_available(); auto_threads && under_mpirun && before < share && openmpi_default_binding()) {
       if (const std::string cpus = widen_to_share(MpiEnv::local_rank(), local); !cpus.empty())
         log(fmt::format("note: Open MPI's default binding put rank {} on {} of the {} cores this job has on the node "
                         "({} rank(s) here); with training.threads: auto it runs on its share, CPUs {} (an explicit "
