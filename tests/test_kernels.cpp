@@ -106,6 +106,49 @@ TEST_CASE("cross entropy rows: logsumexp_row and xent_grad_row against ATen, in 
   CHECK(std::all_of(g.begin(), g.end(), [](float v) { return std::isnan(v); }));
 }
 
+TEST_CASE("cross entropy rows on bf16 logits: the float kernels' values on the widened row, rounded once") {
+  at::Generator gen = at::detail::createCPUGenerator(6);
+  for (int64_t n : {1, 31, 32, 33, 1000, 32000, 50257}) {
+    INFO("n " << n);
+    const at::Tensor xb = (at::randn({n}, gen, at::kFloat) * 6).to(at::kBFloat16);
+    const at::Tensor xf = xb.to(at::kFloat);
+    const uint16_t* pb = reinterpret_cast<const uint16_t*>(xb.const_data_ptr<at::BFloat16>());
+    const double ref = at::logsumexp(xf.to(at::kDouble), 0).item<double>();
+    const float lse = mfsdp::logsumexp_row_bf16(pb, n);
+    CHECK(std::abs(lse - ref) <= 2e-6 * std::max(1.0, std::abs(ref)));
+    // The gradient: (softmax - 0.75 onehot) * 0.5 in double, rounded to bf16: within one bf16 ulp
+    // (the float exp's rounding can cross a rounding boundary), and in place the same bits.
+    const int64_t t = n / 3;
+    at::Tensor want = at::exp(xf.to(at::kDouble) - ref);
+    want[t] -= 0.75;
+    want = want * 0.5;
+    at::Tensor out = at::empty({n}, at::kBFloat16), inplace = xb.clone();
+    mfsdp::xent_grad_row_bf16(pb, lse, t, 0.75f, 0.5f, reinterpret_cast<uint16_t*>(out.mutable_data_ptr<at::BFloat16>()), n);
+    uint16_t* ip = reinterpret_cast<uint16_t*>(inplace.mutable_data_ptr<at::BFloat16>());
+    mfsdp::xent_grad_row_bf16(ip, lse, t, 0.75f, 0.5f, ip, n);
+    CHECK(out.equal(inplace));
+    const at::Tensor err = (out.to(at::kDouble) - want).abs();
+    CHECK((err <= want.abs() * (1.0 / 128) + 1e-30).all().item<bool>());
+    // Rounded to nearest: the float kernel's values rounded by ATen are the same bits but for ties
+    // of the exp's last float bit; count them.
+    at::Tensor f = at::empty({n}, at::kFloat);
+    mfsdp::xent_grad_row(xf.const_data_ptr<float>(), lse, t, 0.75f, 0.5f, f.mutable_data_ptr<float>(), n);
+    CHECK(out.ne(f.to(at::kBFloat16)).sum().item<int64_t>() <= std::max<int64_t>(1, n / 1000));
+  }
+  // Non-finite rows stay non-finite, as the float kernel's.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<uint16_t> row(40, 0x3F00);  // 0.5
+  row[7] = 0x7FC0;                        // NaN
+  CHECK(std::isnan(mfsdp::logsumexp_row_bf16(row.data(), 40)));
+  row[7] = 0x7F80;  // +inf
+  CHECK(mfsdp::logsumexp_row_bf16(row.data(), 40) == inf);
+  std::vector<uint16_t> low(40, 0xFF80);  // -inf
+  CHECK(mfsdp::logsumexp_row_bf16(low.data(), 40) == -inf);
+  std::vector<uint16_t> g(40);
+  mfsdp::xent_grad_row_bf16(row.data(), std::nanf(""), 3, 1.0f, 1.0f, g.data(), 40);
+  CHECK(std::all_of(g.begin(), g.end(), [](uint16_t v) { return (v & 0x7F80) == 0x7F80 && (v & 0x7F) != 0; }));
+}
+
 TEST_CASE("GELU tanh: mfsdp's kernel against the function in double and against ATen's, fp32") {
   for (int64_t n : {1, 15, 16, 17, 1000, 70001}) {
     at::Tensor x = inputs(n, at::kFloat), g = at::ones_like(x);

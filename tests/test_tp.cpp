@@ -191,6 +191,19 @@ TEST_CASE("cross_entropy_per_token writes its gradient over logits that nothing 
     CHECK(cross_entropy_overwrites() == before + 1);
     CHECK(max_rel(leaf.grad(), reference(times2)) < 1e-5);
   }
+  SECTION("bf16 logits, the trainer's case: overwritten too, the gradient the fp32 one rounded") {
+    at::Tensor leaf = base.to(at::kBFloat16).requires_grad_(true);
+    const int64_t before = cross_entropy_overwrites();
+    at::Tensor out = times2(leaf).view({N / 2, 2, V});
+    at::Tensor loss = cross_entropy_per_token(out.reshape({-1, V}), targets, nullptr, 0, -1, /*consume_logits=*/true);
+    out = at::Tensor();
+    (loss * weights).sum().backward();
+    CHECK(cross_entropy_overwrites() == before + 1);
+    CHECK(leaf.grad().scalar_type() == at::kBFloat16);
+    at::Tensor ref_leaf = base.to(at::kBFloat16).to(at::kFloat).requires_grad_(true);
+    (at::cross_entropy_loss(times2(ref_leaf), targets, {}, at::Reduction::None) * weights).sum().backward();
+    CHECK(max_rel(leaf.grad().to(at::kFloat), ref_leaf.grad()) < 1e-2);
+  }
   SECTION("the model's last op saved its output (tanh): not overwritten, its backward reads the right values") {
     at::Tensor leaf = base.clone().requires_grad_(true);
     const int64_t before = cross_entropy_overwrites();

@@ -569,4 +569,71 @@ MFSDP_CLONES void xent_grad_row(const float* x, float lse, int64_t target, float
   if (hit) out[target] = (std::exp(xt - lse) - onehot) * g;
 }
 
+// The same two rows on bf16 logits, computed in float (as ATen's path computes them: the logits
+// converted to float, then logsumexp; the gradient rounded once to bf16). 32 elements at a time as
+// even/odd pairs (load_pair: no shuffles); the order of the sum differs from the float kernel's, by
+// float rounding only.
+namespace {
+inline float bf16_float(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline uint16_t float_bf16(float f) {  // nearest even; NaN a quiet NaN (c10::BFloat16's rounding)
+  if (f != f) return 0x7FC0u;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+}  // namespace
+
+MFSDP_CLONES float logsumexp_row_bf16(const uint16_t* x, int64_t n) {
+  vf vm = splat(-INFINITY);
+  vi bad = vi{};
+  int64_t i = 0;
+  for (; i + kPair <= n; i += kPair) {
+    const Pair p = load_pair(x + i);
+    vm = p.even > vm ? p.even : vm;
+    vm = p.odd > vm ? p.odd : vm;
+    bad |= (p.even != p.even) | (p.odd != p.odd);
+  }
+  float m = hmax(vm);
+  bool nan = false;
+  for (int64_t j = 0; j < kLanes; ++j) nan |= bad[j] != 0;
+  for (int64_t j = i; j < n; ++j) {
+    const float v = bf16_float(x[j]);
+    m = v > m ? v : m;
+    nan |= v != v;
+  }
+  if (nan) return NAN;
+  if (!std::isfinite(m)) return m;
+  const vf vmax = splat(m);
+  vf acc = vf{};
+  for (i = 0; i + kPair <= n; i += kPair) {
+    const Pair p = load_pair(x + i);
+    acc += vexp(p.even - vmax) + vexp(p.odd - vmax);
+  }
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += std::exp(bf16_float(x[i]) - m);
+  return m + std::log(hsum(acc) + tail);
+}
+
+MFSDP_CLONES void xent_grad_row_bf16(const uint16_t* x, float lse, int64_t target, float onehot, float g,
+                                     uint16_t* out, int64_t n) {
+  const bool hit = target >= 0 && target < n;
+  const float xt = hit ? bf16_float(x[target]) : 0.0f;  // read before an in-place row overwrites it
+  int64_t i = 0;
+  if (std::isfinite(lse)) {
+    const vf vl = splat(lse), vg = splat(g);
+    for (; i + kPair <= n; i += kPair) {
+      const Pair p = load_pair(x + i);
+      store_pair(out + i, vexp(p.even - vl) * vg, vexp(p.odd - vl) * vg);
+    }
+  }
+  // The tail, and a NaN or infinite row whole (the C library's exp, as the float kernel).
+  for (; i < n; ++i) out[i] = float_bf16(std::exp(bf16_float(x[i]) - lse) * g);
+  if (hit) out[target] = float_bf16((std::exp(xt - lse) - onehot) * g);
+}
+
 }  // namespace mfsdp

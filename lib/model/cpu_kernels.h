@@ -54,4 +54,7 @@ float logsumexp_row(const float* x, int64_t n);
 // The loss's gradient on one row: out[j] = (exp(x[j] - lse) - (j == target ? onehot : 0)) * g for
 // j < n; out may be x (in place). A NaN lse gives a NaN row.
 void xent_grad_row(const float* x, float lse, int64_t target, float onehot, float g, float* out, int64_t n);
+// Both on bf16 logits, computed in float; the gradient rounded to bf16 (nearest even).
+float logsumexp_row_bf16(const uint16_t* x, int64_t n);
+void xent_grad_row_bf16(const uint16_t* x, float lse, int64_t target, float onehot, float g, uint16_t* out, int64_t n);
 }  // namespace mfsdp

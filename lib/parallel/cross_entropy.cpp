@@ -37,9 +37,11 @@ void for_chunks(const at::Tensor& logits, const std::function<void(int64_t, int6
 
 std::atomic<int64_t> g_overwrites{0};
 
-// fp32 rows on the CPU, each of unit stride: the fused row kernels (model/cpu_kernels.h) take them.
+// fp32 or bf16 rows on the CPU, each of unit stride: the fused row kernels (model/cpu_kernels.h)
+// take them.
 bool fused_rows(const at::Tensor& logits) {
-  return logits.is_cpu() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
+  const at::ScalarType t = logits.scalar_type();
+  return logits.is_cpu() && (t == at::kFloat || t == at::kBFloat16) && logits.dim() == 2 &&
          (logits.stride(1) == 1 || logits.size(1) <= 1) && logits.size(1) > 0;
 }
 
@@ -79,10 +81,15 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     }
     at::Tensor target_logit = v > 0 ? logits.gather(1, idx.unsqueeze(1)).squeeze(1).to(at::kFloat) : at::zeros({n}, f32);
     if (!group && fused_rows(logits)) {
-      const float* x = logits.const_data_ptr<float>();
       float* l = lse.mutable_data_ptr<float>();
       const int64_t ld = logits.stride(0), v_cols = v;
-      for_rows(n, [&](int64_t i) { l[i] = logsumexp_row(x + i * ld, v_cols); });
+      if (logits.scalar_type() == at::kFloat) {
+        const float* x = logits.const_data_ptr<float>();
+        for_rows(n, [&](int64_t i) { l[i] = logsumexp_row(x + i * ld, v_cols); });
+      } else {
+        const uint16_t* x = reinterpret_cast<const uint16_t*>(logits.const_data_ptr<at::BFloat16>());
+        for_rows(n, [&](int64_t i) { l[i] = logsumexp_row_bf16(x + i * ld, v_cols); });
+      }
     } else if (!group) {
       for_chunks(logits, [&](int64_t r, int64_t k) { lse.narrow(0, r, k).copy_(logits.narrow(0, r, k).to(at::kFloat).logsumexp(1)); });
     } else {
@@ -131,17 +138,26 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
       if (in_place) g_overwrites.fetch_add(1, std::memory_order_relaxed);
       at::Tensor grad = in_place ? all_logits : at::empty_like(all_logits, at::MemoryFormat::Contiguous);
       const int64_t cols = all_logits.size(1), ldx = all_logits.stride(0), ldg = grad.stride(0);
-      const float* x = all_logits.const_data_ptr<float>();
-      float* out = grad.mutable_data_ptr<float>();
       const at::Tensor idx_c = idx.to(at::kLong).contiguous(), g_c = g.reshape({-1}).contiguous(),
                        mine_c = mine.defined() ? mine.contiguous() : at::Tensor(), lse_c = lse.contiguous();
       const int64_t* t = idx_c.const_data_ptr<int64_t>();
       const float *gp = g_c.const_data_ptr<float>(), *l = lse_c.const_data_ptr<float>();
       const float* oh = mine_c.defined() ? mine_c.const_data_ptr<float>() : nullptr;  // none: every row's own
-      for_rows(all_logits.size(0), [&](int64_t i) {
-        xent_grad_row(x + i * ldx, l[i], t[i], oh ? oh[i] : 1.0f, gp[i], out + i * ldg, v);
-        if (v < cols) std::memset(out + i * ldg + v, 0, size_t(cols - v) * sizeof(float));  // padding columns
-      });
+      if (all_logits.scalar_type() == at::kFloat) {
+        const float* x = all_logits.const_data_ptr<float>();
+        float* out = grad.mutable_data_ptr<float>();
+        for_rows(all_logits.size(0), [&](int64_t i) {
+          xent_grad_row(x + i * ldx, l[i], t[i], oh ? oh[i] : 1.0f, gp[i], out + i * ldg, v);
+          if (v < cols) std::memset(out + i * ldg + v, 0, size_t(cols - v) * sizeof(float));  // padding columns
+        });
+      } else {  // bf16: computed in float, rounded once (a zero bf16 is zero bits)
+        const uint16_t* x = reinterpret_cast<const uint16_t*>(all_logits.const_data_ptr<at::BFloat16>());
+        uint16_t* out = reinterpret_cast<uint16_t*>(grad.mutable_data_ptr<at::BFloat16>());
+        for_rows(all_logits.size(0), [&](int64_t i) {
+          xent_grad_row_bf16(x + i * ldx, l[i], t[i], oh ? oh[i] : 1.0f, gp[i], out + i * ldg, v);
+          if (v < cols) std::memset(out + i * ldg + v, 0, size_t(cols - v) * sizeof(uint16_t));
+        });
+      }
       return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
     const at::Tensor onehot = mine.defined() ? mine.unsqueeze(1) : at::ones({all_logits.size(0), 1}, lse.options());

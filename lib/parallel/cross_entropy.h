@@ -20,7 +20,8 @@ class Communicator;
 // target outside this rank's columns contributes nothing here. Only the first `real_columns` of
 // them (-1: all) are the vocabulary's: the rest pad an uneven split (TpSplit), take no part in the
 // loss and get a zero gradient. Differentiable in logits; the gradient has the logits' dtype.
-// fp32 logits on the CPU take fused row kernels (one read of a row forward, one pass backward).
+// fp32 and bf16 logits on the CPU take fused row kernels (one read of a row forward, one pass
+// backward; bf16 computed in float and rounded once, as the chunked path does).
 // `consume_logits`: the caller keeps no handle on the logits once the loss is computed, and
 // backward runs once; the backward may then write the gradient over them when nothing else holds
 // them (cross_entropy.cpp, may_overwrite).
