@@ -1,9 +1,11 @@
 // mfsdp's CPU ops against the ATen ops they replace, forward + backward through autograd, on the
 // shapes of bench/train_step.sh's Llama and GPT (micro-batch 8 x 128 tokens, d 256, 4 heads of 64,
 // FFN 704 / 1024), and causal attention at 128 to 2048 tokens (the probabilities kept up to 256,
-// recomputed from a log-sum-exp beyond: model/cpu_attention.cpp), and in bf16 at 128 and 512.
+// recomputed from a log-sum-exp beyond: model/cpu_attention.cpp), and in bf16 at 128, 512 and 1024.
 // Writes one markdown row per op: ms per call of each, their ratio.
-//   build/bench/kernels_bench [ROUNDS] [THREADS]
+//   build/tests/kernels_bench [ROUNDS] [THREADS] [ROWS]   (ROWS: only the rows whose name contains it)
+// Linked with its symbols exported, as the mfsdp executable: MKL then picks its kernels as in a run
+// (train/system.cpp, "MKL's dispatch"; the first line says which).
 // Rounds alternate the two sides; each side's figure is its best round (this machine is shared: a
 // neighbour slows single rounds, never speeds them up).
 #include <ATen/ATen.h>
@@ -19,8 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "model/cpu_attention.h"
 #include "model/fast_dropout.h"
 #include "model/fast_ops.h"
+#include "train/system.h"
 
 namespace {
 
@@ -114,17 +118,20 @@ int main(int argc, char** argv) {
   // Causal attention on q, k, v [B, 4, T, 64] as attention makes them (transposed views), 1024
   // tokens per call up to 1024 per sequence (the bench's 8 x 128; 4 x 256, the longest with the
   // probabilities kept; 512 and 1024 with them recomputed), then one sequence of 2048; in fp32, and
-  // in bf16 at 128 and 512 (mfsdp::sdpa converts to fp32, runs its fp32 kernels and rounds the
-  // output: the conversions and their backward are in its time).
+  // in bf16 at 128, 512 and 1024: with bf16 products where mfsdp::cpu_attention_bf16_products()
+  // (MFSDP_ATTENTION_BF16=bf16), else converted to fp32 for the fp32 kernels and the output rounded
+  // (MFSDP_ATTENTION_BF16=fp32: the conversions and their backward are in its time).
   const std::vector<std::pair<at::ScalarType, int64_t>> attention = {
       {at::kFloat, 128}, {at::kFloat, 256}, {at::kFloat, 512}, {at::kFloat, 1024}, {at::kFloat, 2048},
-      {at::kBFloat16, 128}, {at::kBFloat16, 512}};
+      {at::kBFloat16, 128}, {at::kBFloat16, 512}, {at::kBFloat16, 1024}};
   for (const auto& [dtype, t] : attention) {
     const int64_t bs = std::max<int64_t>(1, 1024 / t);
     auto qkv = [&] { return at::randn({bs, t, 4, 64}).to(dtype).transpose(1, 2).detach().requires_grad_(true); };
     at::Tensor aq = qkv(), ak = qkv(), av = qkv(), ag = at::randn({bs, 4, t, 64}).to(dtype);
     rows.push_back({"causal attention, [" + std::to_string(bs) + ", 4, " + std::to_string(t) + ", 64], " +
-                        (dtype == at::kFloat ? "fp32" : "bf16"),
+                        (dtype == at::kFloat                  ? "fp32"
+                         : mfsdp::cpu_attention_bf16_products() ? "bf16 (bf16 products)"
+                                                                : "bf16 (computed in fp32)"),
                     [=] {
                       at::Tensor o = at::scaled_dot_product_attention(aq, ak, av, std::nullopt, 0.0, true);
                       torch::autograd::grad({o}, {aq, ak, av}, {ag});
@@ -151,8 +158,11 @@ int main(int argc, char** argv) {
                       torch::autograd::grad({o}, {aq, ak, av}, {ag});
                     }});
   }
+  const std::string only = argc > 3 ? argv[3] : "";
+  std::printf("%s; %d thread(s)\n\n", mfsdp::blas_description().c_str(), at::get_num_threads());
   std::printf("| op (forward + backward) | ATen ms | mfsdp ms | mfsdp/ATen |\n|---|---|---|---|\n");
   for (const Row& r : rows) {
+    if (r.name.find(only) == std::string::npos) continue;
     double best_a = 1e30, best_o = 1e30;
     for (int i = 0; i < rounds; ++i) {
       best_a = std::min(best_a, time_ms(r.aten, 20));

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <string>
@@ -622,7 +623,28 @@ TEST_CASE("Attention: no-grad and threaded runs give the same bits; NaN stays Na
   CHECK_THROWS(sdpa(q, k.slice(1, 0, 2), v.slice(1, 0, 2), std::nullopt, 0.0, true, std::nullopt));  // ATen's error, as before
 }
 
-TEST_CASE("Attention: bf16 runs the fp32 kernels on the converted inputs, output and gradients rounded once") {
+namespace {
+// MFSDP_ATTENTION_BF16 set for a scope (how bf16 attention multiplies: mfsdp::cpu_attention_bf16_products).
+struct AttentionBf16Knob {
+  std::string before;
+  bool had;
+  explicit AttentionBf16Knob(const char* value) {
+    const char* b = std::getenv("MFSDP_ATTENTION_BF16");
+    had = b != nullptr;
+    if (had) before = b;
+    setenv("MFSDP_ATTENTION_BF16", value, 1);
+  }
+  ~AttentionBf16Knob() {
+    if (had) setenv("MFSDP_ATTENTION_BF16", before.c_str(), 1);
+    else unsetenv("MFSDP_ATTENTION_BF16");
+  }
+};
+}  // namespace
+
+TEST_CASE("Attention: bf16 computed in fp32 (MFSDP_ATTENTION_BF16=fp32) is the fp32 kernels on the converted inputs, "
+          "output and gradients rounded once") {
+  const AttentionBf16Knob knob("fp32");
+  CHECK_FALSE(mfsdp::cpu_attention_bf16_products());
   at::manual_seed(26);
   for (int64_t t : {40, 300}) {  // probabilities kept; log-sum-exp
     INFO("T " << t);
@@ -646,6 +668,44 @@ TEST_CASE("Attention: bf16 runs the fp32 kernels on the converted inputs, output
       CHECK(scaled(got[i], want[i]) < 1e-2);
       CHECK(scaled(got[i], want[i]) <= scaled(flash[i], want[i]) * 1.05 + 1e-4);
     }
+  }
+}
+
+TEST_CASE("Attention: bf16 with bf16 products (MFSDP_ATTENTION_BF16=bf16) against double and against ATen's bf16 "
+          "flash attention, kept probabilities and log-sum-exp, grouped heads, threads") {
+  const AttentionBf16Knob knob("bf16");
+  REQUIRE(mfsdp::cpu_attention_bf16_products());  // LibTorch's MKL exports cblas_gemm_bf16bf16f32
+  at::manual_seed(27);
+  struct Case {
+    int64_t t, h, hk, d;
+  };
+  for (const Case c : {Case{40, 2, 2, 16}, Case{100, 4, 2, 64}, Case{300, 2, 2, 16}, Case{600, 4, 1, 64}}) {
+    INFO("T " << c.t << ", heads " << c.h << ", key/value heads " << c.hk << ", head dim " << c.d);
+    const bool gqa = c.hk != c.h;
+    at::Tensor q = heads(2, c.h, c.t, c.d).to(at::kBFloat16), k = heads(2, c.hk, c.t, c.d).to(at::kBFloat16),
+               v = heads(2, c.hk, c.t, c.d).to(at::kBFloat16);
+    at::Tensor g = at::randn({2, c.h, c.t, c.d}).to(at::kBFloat16);
+    std::string node;
+    const auto got = attn_run(q, k, v, g, true, std::nullopt, true, &node, gqa);
+    const auto want = attn_run(q.to(at::kDouble), k.to(at::kDouble), v.to(at::kDouble), g.to(at::kDouble), true,
+                               std::nullopt, false, nullptr, gqa);
+    const auto flash = attn_run(q, k, v, g, true, std::nullopt, false, nullptr, gqa);
+    const auto fp32 = attn_run(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), g.to(at::kFloat), true,
+                               std::nullopt, true, nullptr, gqa);
+    CHECK(node.find("Sdpa") != std::string::npos);  // mfsdp's node itself: no conversion around it
+    for (size_t i = 0; i < got.size(); ++i) {
+      INFO("output " << i << " (out, dq, dk, dv)");
+      CHECK(got[i].scalar_type() == at::kBFloat16);
+      // The probabilities and dS rounded to bf16 for their products, as flash attention rounds
+      // them: within bf16's few roundings of the exact value, and of ATen's bf16 error's order.
+      const double err = scaled(got[i], want[i]), ref = scaled(flash[i], want[i]);
+      INFO("error " << err << ", ATen's bf16 " << ref << ", fp32 kernels rounded " << scaled(fp32[i].to(at::kBFloat16), want[i]));
+      CHECK(err < 2e-2);
+      CHECK(err <= ref * 2.0 + 1e-3);
+      // Not the fp32 path's result: the products did take bf16 operands.
+      if (i > 0) CHECK_FALSE(at::equal(got[i], fp32[i].to(at::kBFloat16)));
+    }
+    check_threads_and_no_grad(q, k, v, g, gqa);
   }
 }
 

@@ -53,7 +53,7 @@ Runner add_train(CLI::App& cmd) {
                  "Rank 0 writes the run's outcome here as JSON when it ends: status completed or stopped (by "
                  "SIGUSR1/SIGTERM, after saving), step, checkpoint (cluster scripts requeue on stopped)");
   return [args, status_file]() {
-    check_mkl_dispatch_knob();  // before anything is written
+    check_cpu_knobs();  // before anything is written
     env_threads();              // a bad OMP_NUM_THREADS / MKL_NUM_THREADS too
     Config cfg = args->file.empty() ? load_config_string(embedded_default_config(), "<embedded default>", args->overrides)
                                     : load_config_file(args->file, args->overrides);

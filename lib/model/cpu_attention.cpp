@@ -19,19 +19,32 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "model/cpu_kernels.h"
 #include "model/cpu_random.h"
+#include "util/error.h"
 
 // The BLAS's Fortran sgemm, which LibTorch's MKL (and an OpenBLAS build) exports; weak, so that a
 // LibTorch without one links and keeps ATen's attention (cpu_attention_takes says no).
 extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
                        const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
                        const int* ldc) __attribute__((weak));
+
+// MKL's product of bf16 matrices into fp32 (CBLAS, row-major), which LibTorch's MKL exports: bf16
+// attention's products. Weak as sgemm_: without it bf16 calls run the fp32 kernels on converted
+// inputs (cpu_attention_bf16_products).
+extern "C" void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k, float alpha,
+                                       const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta, float* c,
+                                       int ldc) __attribute__((weak));
 
 namespace mfsdp {
 namespace {
@@ -47,6 +60,64 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   sgemm_(&opa, &opb, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
 }
 
+// The same on bf16 operands, accumulated and returned in fp32 (C is fp32).
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
+          const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+  cblas_gemm_bf16bf16f32(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(M), int(N), int(K), alpha, A,
+                         int(lda), B, int(ldb), beta, C, int(ldc));
+}
+
+// Element types of the kernels: float, or bf16 as its bits (uint16_t). A bf16 call's products take
+// bf16 operands and accumulate in fp32, as ATen's bf16 flash attention and flash attention on GPUs
+// do: q, k, v and dO as they are; the probabilities and dS (fp32 here) rounded to bf16 for the
+// products they enter; the products' fp32 results rounded into the bf16 outputs once (dK and dV
+// after the last query head of their group, accumulated in fp32 until then).
+template <typename T>
+constexpr bool kIsBf16 = std::is_same_v<T, uint16_t>;
+template <typename T>
+const T* data_of(const at::Tensor& t) {
+  if constexpr (kIsBf16<T>) return reinterpret_cast<const uint16_t*>(t.const_data_ptr<at::BFloat16>());
+  else return t.const_data_ptr<float>();
+}
+template <typename T>
+T* data_of(at::Tensor& t) {
+  if constexpr (kIsBf16<T>) return reinterpret_cast<uint16_t*>(t.mutable_data_ptr<at::BFloat16>());
+  else return t.mutable_data_ptr<float>();
+}
+float dot_of(const float* a, const float* b, int64_t n) { return dot_row(a, b, n); }
+float dot_of(const uint16_t* a, const uint16_t* b, int64_t n) { return dot_row_bf16(a, b, n); }
+
+// Operand rows for a product: fp32 rows as they are (T float), or rounded into `buf` (T bf16).
+template <typename T>
+const T* operand(const float* x, int64_t rows, int64_t n, std::vector<uint16_t>& buf) {
+  if constexpr (kIsBf16<T>) {
+    round_rows_bf16(x, n, buf.data(), n, rows, n);
+    return buf.data();
+  } else {
+    (void)rows, (void)n, (void)buf;
+    return x;
+  }
+}
+
+// Where a product for output rows of T goes: a float output's own rows, or (bf16) an fp32 scratch
+// of `ld` floats per row, rounded into the output by flush().
+template <typename T>
+struct OutRows {
+  T* out;
+  int64_t ld_out;
+  float* acc;  // bf16: the fp32 scratch
+  int64_t ld_acc;
+  float* rows() {
+    if constexpr (kIsBf16<T>) return acc;
+    else return out;
+  }
+  int64_t ld() const { return kIsBf16<T> ? ld_acc : ld_out; }
+  void flush(int64_t n_rows, int64_t n) {
+    if constexpr (kIsBf16<T>) round_rows_bf16(acc, ld_acc, out, ld_out, n_rows, n);
+  }
+};
+
 // A [B, H, T, D] tensor whose rows the products can read in place: unit stride within a row and
 // rows at least a row apart (as the BLAS requires of its leading dimension).
 bool rows_readable(const at::Tensor& t) {
@@ -56,11 +127,13 @@ at::Tensor readable(const at::Tensor& t) { return rows_readable(t) ? t : t.conti
 int64_t row_stride(const at::Tensor& t) { return t.size(2) == 1 ? t.size(3) : t.stride(2); }
 
 // Pair (b, h)'s first row.
-const float* rows_of(const at::Tensor& t, int64_t b, int64_t h) {
-  return t.const_data_ptr<float>() + b * t.stride(0) + h * t.stride(1);
+template <typename T>
+const T* rows_of(const at::Tensor& t, int64_t b, int64_t h) {
+  return data_of<T>(t) + b * t.stride(0) + h * t.stride(1);
 }
-float* rows_of(at::Tensor& t, int64_t b, int64_t h) {
-  return t.mutable_data_ptr<float>() + b * t.stride(0) + h * t.stride(1);
+template <typename T>
+T* rows_of(at::Tensor& t, int64_t b, int64_t h) {
+  return data_of<T>(t) + b * t.stride(0) + h * t.stride(1);
 }
 
 // [B, H, T, D] with the strides of a transposed [B, T, H, D]: what ATen's flash attention returns
@@ -88,7 +161,7 @@ void drop_row(const AttentionDropout& drop, int64_t bh, int64_t Tq, int64_t Tk, 
 // log-sum-exp [B, H, Tq]. The two kernels differ only in where the logits live. With dropout the
 // product takes the dropped probabilities: a copy when `kept` (the probabilities stay for the
 // backward), else in place.
-template <typename Place>
+template <typename T, typename Place>
 at::Tensor forward_blocks(const at::Tensor& q0, const at::Tensor& k0, const at::Tensor& v0, bool causal, double scale,
                           int64_t rows, size_t scratch_elems, float* L, const AttentionDropout* drop, bool kept,
                           Place place) {
@@ -97,12 +170,16 @@ at::Tensor forward_blocks(const at::Tensor& q0, const at::Tensor& k0, const at::
   const int64_t rep = H / k.size(1);  // query heads per key/value head (grouped-query attention)
   at::Tensor o = heads_view(q, B, H, Tq, Dv);
   const int64_t lq = row_stride(q), lk = row_stride(k), lv = row_stride(v), lo = row_stride(o);
+  const size_t block = size_t(std::min(Tq, rows));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(scratch_elems), dropped(drop && kept ? size_t(std::min(Tq, rows) * Tk) : 0);
+    std::vector<float> scratch(scratch_elems), dropped(drop && kept ? block * size_t(Tk) : 0);
+    // bf16: a block's probabilities rounded, and its rows of o in fp32 before their rounding.
+    std::vector<uint16_t> Ab(kIsBf16<T> ? block * size_t(Tk) : 0);
+    std::vector<float> Of(kIsBf16<T> ? block * size_t(Dv) : 0);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
-      const float *Q = rows_of(q, b, h), *K = rows_of(k, b, h / rep), *V = rows_of(v, b, h / rep);
-      float* O = rows_of(o, b, h);
+      const T *Q = rows_of<T>(q, b, h), *K = rows_of<T>(k, b, h / rep), *V = rows_of<T>(v, b, h / rep);
+      T* O = rows_of<T>(o, b, h);
       for (int64_t r0 = 0; r0 < Tq; r0 += rows) {
         const int64_t r1 = std::min(Tq, r0 + rows), n = causal ? r1 : Tk;
         const BlockRows S = place(bh, r0, n, scratch.data());
@@ -117,7 +194,14 @@ at::Tensor forward_blocks(const at::Tensor& q0, const at::Tensor& k0, const at::
           for (int64_t r = r0; r < r1; ++r)
             drop_row(*drop, bh, Tq, Tk, r, S.s + (r - r0) * S.ld, A.s + (r - r0) * A.ld, n);
         }
-        gemm(false, false, r1 - r0, Dv, n, 1.0f, A.s, A.ld, V, lv, 0.0f, O + r0 * lo, lo);
+        OutRows<T> out{O + r0 * lo, lo, Of.data(), Dv};
+        if constexpr (kIsBf16<T>) {
+          round_rows_bf16(A.s, A.ld, Ab.data(), n, r1 - r0, n);
+          gemm(false, false, r1 - r0, Dv, n, 1.0f, Ab.data(), n, V, lv, 0.0f, out.rows(), out.ld());
+        } else {
+          gemm(false, false, r1 - r0, Dv, n, 1.0f, A.s, A.ld, V, lv, 0.0f, out.rows(), out.ld());
+        }
+        out.flush(r1 - r0, Dv);
       }
     }
   });
@@ -163,6 +247,35 @@ bool cpu_attention_takes(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 bool cpu_attention_keeps_probs(int64_t keys) { return keys <= kCpuAttentionMaxKeys; }
 
+void check_attention_bf16_knob() {
+  const char* knob = std::getenv("MFSDP_ATTENTION_BF16");
+  if (knob && *knob && std::string(knob) != "bf16" && std::string(knob) != "fp32")
+    throw UserError(std::string("environment variable MFSDP_ATTENTION_BF16=") + knob +
+                    ": expected \"bf16\" (bf16 products accumulated in fp32) or \"fp32\" (bf16 calls computed in fp32)");
+}
+
+bool cpu_attention_bf16_products() {
+  if (cblas_gemm_bf16bf16f32 == nullptr) return false;
+  const char* knob = std::getenv("MFSDP_ATTENTION_BF16");
+  if (knob && std::string(knob) == "fp32") return false;
+  if (knob && std::string(knob) == "bf16") return true;
+  // MKL runs bf16 products in hardware where the CPU has AVX-512 BF16 or AMX and MKL picks its
+  // kernels by instruction set (always on Intel's CPUs; on others with mfsdp's answer to MKL's
+  // vendor check, train/system.cpp). Elsewhere they were slower than fp32's (an AMD EPYC with
+  // MKL's generic kernels: 0.8-0.95x sgemm's rate at attention's shapes), and the fp32 kernels run.
+  static const bool native = [] {
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("avx512bf16") && !__builtin_cpu_supports("amx-bf16")) return false;
+#else
+    return false;
+#endif
+    using DetectFn = int (*)();
+    auto detect = reinterpret_cast<DetectFn>(dlsym(RTLD_DEFAULT, "mkl_serv_cpu_detect"));
+    return detect != nullptr && detect() != 0;
+  }();
+  return native;
+}
+
 bool is_causal_mask(const at::Tensor& mask, int64_t T) {
   if (!mask.device().is_cpu() || mask.layout() != at::kStrided || mask.dim() < 2 || mask.size(-1) != T ||
       mask.size(-2) != T)
@@ -191,35 +304,57 @@ bool is_causal_mask(const at::Tensor& mask, int64_t T) {
   return true;
 }
 
+namespace {
+// The element type's kernel for a call's dtype: bf16 calls need MKL's bf16 product.
+template <typename Fn>
+auto by_dtype(const at::Tensor& q, Fn fn) {
+  if (q.scalar_type() == at::kBFloat16) {
+    TORCH_CHECK(cblas_gemm_bf16bf16f32 != nullptr, "mfsdp attention: bf16 products need MKL's cblas_gemm_bf16bf16f32");
+    return fn(uint16_t{});
+  }
+  return fn(float{});
+}
+}  // namespace
+
 at::Tensor cpu_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                  double scale, at::Tensor* probs, const AttentionDropout* drop) {
   const int64_t Tq = q.size(2), Tk = k.size(2);
-  if (probs) *probs = at::empty({q.size(0), q.size(1), Tq, Tk}, q.options());
+  if (probs) *probs = at::empty({q.size(0), q.size(1), Tq, Tk}, q.options().dtype(at::kFloat));
   float* P = probs ? probs->mutable_data_ptr<float>() : nullptr;
   // Each pair's probabilities whole (kept, or a scratch of one pair without a backward), rows Tk apart.
-  return forward_blocks(q, k, v, causal, scale, kRows, P ? 0 : size_t(Tq * Tk), nullptr, drop, P != nullptr,
-                        [&](int64_t bh, int64_t r0, int64_t, float* scratch) {
-                          return BlockRows{(P ? P + bh * Tq * Tk : scratch) + r0 * Tk, Tk};
-                        });
+  return by_dtype(q, [&](auto t) {
+    return forward_blocks<decltype(t)>(q, k, v, causal, scale, kRows, P ? 0 : size_t(Tq * Tk), nullptr, drop,
+                                       P != nullptr, [&](int64_t bh, int64_t r0, int64_t, float* scratch) {
+                                         return BlockRows{(P ? P + bh * Tq * Tk : scratch) + r0 * Tk, Tk};
+                                       });
+  });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::Tensor& g0, const at::Tensor& q0,
-                                                                      const at::Tensor& k0, const at::Tensor& v0,
-                                                                      const at::Tensor& o0, const at::Tensor& probs,
-                                                                      bool causal, double scale,
-                                                                      const AttentionDropout* drop) {
+namespace {
+template <typename T>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_kept(const at::Tensor& g0, const at::Tensor& q0,
+                                                             const at::Tensor& k0, const at::Tensor& v0,
+                                                             const at::Tensor& o0, const at::Tensor& probs, bool causal,
+                                                             double scale, const AttentionDropout* drop) {
   BackwardOperands x(g0, q0, k0, v0, o0);
   const float s = float(scale);
+  constexpr bool bf16 = kIsBf16<T>;
+  const size_t pair = size_t(x.Tq * x.Tk);
   at::parallel_for(0, x.B * x.Hk, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> dS(static_cast<size_t>(x.Tq * x.Tk)), rowdot(static_cast<size_t>(x.Tq));
-    std::vector<float> dropped(drop ? static_cast<size_t>(x.Tq * x.Tk) : 0);
+    std::vector<float> dS(pair), rowdot(static_cast<size_t>(x.Tq));
+    std::vector<float> dropped(drop ? pair : 0);
+    // bf16: A and dS rounded for their products; dK and dV of the group in fp32; a block of dQ in fp32.
+    std::vector<uint16_t> Ab(bf16 ? pair : 0), dSb(bf16 ? pair : 0);
+    std::vector<float> dKf(bf16 ? size_t(x.Tk * x.D) : 0), dVf(bf16 ? size_t(x.Tk * x.Dv) : 0),
+        dQf(bf16 ? size_t(kRows * x.D) : 0);
     // Groups [begin, end) are the pairs [begin rep, end rep): a group's query heads are consecutive.
     for (int64_t bh = begin * x.rep; bh < end * x.rep; ++bh) {
       const int64_t b = bh / x.H, h = bh % x.H, hk = h / x.rep;
       const float beta = h % x.rep == 0 ? 0.0f : 1.0f;  // the group's first query head writes dK, dV
-      const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, hk), *V = rows_of(x.v, b, hk), *O = rows_of(x.o, b, h),
-                  *G = rows_of(x.g, b, h);
-      float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, hk), *dV = rows_of(x.dv, b, hk);
+      const T *Q = rows_of<T>(x.q, b, h), *K = rows_of<T>(x.k, b, hk), *V = rows_of<T>(x.v, b, hk),
+              *O = rows_of<T>(x.o, b, h), *G = rows_of<T>(x.g, b, h);
+      OutRows<T> dK{rows_of<T>(x.dk, b, hk), x.ldk, dKf.data(), x.D}, dV{rows_of<T>(x.dv, b, hk), x.ldv, dVf.data(), x.Dv};
+      T* dQ = rows_of<T>(x.dq, b, h);
       const float* P = probs.const_data_ptr<float>() + bh * x.Tq * x.Tk;
       // With dropout o = A v with A = P D (D the mask times its scale): dV takes A, and dP = dA D.
       // A causal row writes its first r + 1 entries only: above the diagonal `dropped` keeps the
@@ -230,14 +365,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
           drop_row(*drop, bh, x.Tq, x.Tk, r, P + r * x.Tk, dropped.data() + r * x.Tk, causal ? r + 1 : x.Tk);
         A = dropped.data();
       }
+      const T* Aop = operand<T>(A, x.Tq, x.Tk, Ab);
       // The softmax's backward needs sum_j P dP over a row, which is sum(dO o) of that row (with
       // dropout too: sum_j P dP = sum_j A dA = dO . o).
-      for (int64_t r = 0; r < x.Tq; ++r) rowdot[size_t(r)] = dot_row(G + r * x.lg, O + r * x.lo, x.Dv);
+      for (int64_t r = 0; r < x.Tq; ++r) rowdot[size_t(r)] = dot_of(G + r * x.lg, O + r * x.lo, x.Dv);
       // dV = A^T dO, by blocks of keys; a causal block's rows start at its first key (A is 0 above).
       for (int64_t c0 = 0; c0 < x.Tk; c0 += kRows) {
         const int64_t c1 = std::min(x.Tk, c0 + kRows), from = causal ? c0 : 0;
-        gemm(true, false, c1 - c0, x.Dv, x.Tq - from, 1.0f, A + from * x.Tk + c0, x.Tk, G + from * x.lg, x.lg, beta,
-             dV + c0 * x.ldv, x.ldv);
+        gemm(true, false, c1 - c0, x.Dv, x.Tq - from, 1.0f, Aop + from * x.Tk + c0, x.Tk, G + from * x.lg, x.lg, beta,
+             dV.rows() + c0 * dV.ld(), dV.ld());
       }
       // dP = dO V^T, dS = P (dP - rowdot), dQ = scale dS K, by blocks of query rows.
       for (int64_t r0 = 0; r0 < x.Tq; r0 += kRows) {
@@ -249,17 +385,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::
           if (drop) drop_row(*drop, bh, x.Tq, x.Tk, r, row, row, causal ? r + 1 : x.Tk);
           softmax_backward_row(P + r * x.Tk, row, rowdot[size_t(r)], causal ? r + 1 : x.Tk, x.Tk);
         }
-        gemm(false, false, r1 - r0, x.D, n, s, block, x.Tk, K, x.lk, 0.0f, dQ + r0 * x.ldq, x.ldq);
+        OutRows<T> dQr{dQ + r0 * x.ldq, x.ldq, dQf.data(), x.D};
+        if constexpr (bf16) {
+          round_rows_bf16(block, x.Tk, dSb.data() + r0 * x.Tk, x.Tk, r1 - r0, x.Tk);
+          gemm(false, false, r1 - r0, x.D, n, s, dSb.data() + r0 * x.Tk, x.Tk, K, x.lk, 0.0f, dQr.rows(), dQr.ld());
+        } else {
+          gemm(false, false, r1 - r0, x.D, n, s, block, x.Tk, K, x.lk, 0.0f, dQr.rows(), dQr.ld());
+        }
+        dQr.flush(r1 - r0, x.D);
       }
       // dK = scale dS^T Q, by blocks of keys as dV.
+      const T* dSop;
+      if constexpr (bf16) dSop = dSb.data();
+      else dSop = dS.data();
       for (int64_t c0 = 0; c0 < x.Tk; c0 += kRows) {
         const int64_t c1 = std::min(x.Tk, c0 + kRows), from = causal ? c0 : 0;
-        gemm(true, false, c1 - c0, x.D, x.Tq - from, s, dS.data() + from * x.Tk + c0, x.Tk, Q + from * x.lq, x.lq, beta,
-             dK + c0 * x.ldk, x.ldk);
+        gemm(true, false, c1 - c0, x.D, x.Tq - from, s, dSop + from * x.Tk + c0, x.Tk, Q + from * x.lq, x.lq, beta,
+             dK.rows() + c0 * dK.ld(), dK.ld());
+      }
+      if (h % x.rep == x.rep - 1) {  // the group's last query head: its dK, dV are complete
+        dK.flush(x.Tk, x.D);
+        dV.flush(x.Tk, x.Dv);
       }
     }
   });
   return {x.dq, x.dk, x.dv};
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward(const at::Tensor& g0, const at::Tensor& q0,
+                                                                      const at::Tensor& k0, const at::Tensor& v0,
+                                                                      const at::Tensor& o0, const at::Tensor& probs,
+                                                                      bool causal, double scale,
+                                                                      const AttentionDropout* drop) {
+  return by_dtype(q0, [&](auto t) {
+    return backward_kept<decltype(t)>(g0, q0, k0, v0, o0, probs, causal, scale, drop);
+  });
 }
 
 // ---- causal attention over longer sequences: the probabilities recomputed in backward ----------
@@ -280,31 +441,40 @@ constexpr int64_t kLongRows = 64;
 at::Tensor cpu_attention_forward_lse(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                                      double scale, at::Tensor* lse, const AttentionDropout* drop) {
   const int64_t Tq = q.size(2), Tk = k.size(2);
-  if (lse) *lse = at::empty({q.size(0), q.size(1), Tq}, q.options());
+  if (lse) *lse = at::empty({q.size(0), q.size(1), Tq}, q.options().dtype(at::kFloat));
   // One block's logits at a time against its n keys, rows n apart (compact: the products stream them).
-  return forward_blocks(q, k, v, causal, scale, kLongRows, size_t(std::min(Tq, kLongRows) * Tk),
-                        lse ? lse->mutable_data_ptr<float>() : nullptr, drop, false,
-                        [](int64_t, int64_t, int64_t n, float* scratch) { return BlockRows{scratch, n}; });
+  return by_dtype(q, [&](auto t) {
+    return forward_blocks<decltype(t)>(q, k, v, causal, scale, kLongRows, size_t(std::min(Tq, kLongRows) * Tk),
+                                       lse ? lse->mutable_data_ptr<float>() : nullptr, drop, false,
+                                       [](int64_t, int64_t, int64_t n, float* scratch) { return BlockRows{scratch, n}; });
+  });
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const at::Tensor& g0, const at::Tensor& q0,
-                                                                          const at::Tensor& k0, const at::Tensor& v0,
-                                                                          const at::Tensor& o0, const at::Tensor& lse,
-                                                                          bool causal, double scale,
-                                                                          const AttentionDropout* drop) {
+namespace {
+template <typename T>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_lse(const at::Tensor& g0, const at::Tensor& q0,
+                                                            const at::Tensor& k0, const at::Tensor& v0,
+                                                            const at::Tensor& o0, const at::Tensor& lse, bool causal,
+                                                            double scale, const AttentionDropout* drop) {
   BackwardOperands x(g0, q0, k0, v0, o0);
   const float s = float(scale);
+  constexpr bool bf16 = kIsBf16<T>;
   const at::Tensor lse_c = lse.contiguous();
   const int64_t blocks = (x.Tq + kLongRows - 1) / kLongRows;
   at::parallel_for(0, x.B * x.Hk, 1, [&](int64_t begin, int64_t end) {
     const size_t block_elems = static_cast<size_t>(std::min(x.Tq, kLongRows) * x.Tk);
     std::vector<float> P(block_elems), dS(block_elems), dropped(drop ? block_elems : 0);
-    for (int64_t bh = begin * x.rep; bh < end * x.rep; ++bh) {  // as cpu_attention_backward
+    // bf16: as backward_kept's.
+    std::vector<uint16_t> Ab(bf16 ? block_elems : 0), dSb(bf16 ? block_elems : 0);
+    std::vector<float> dKf(bf16 ? size_t(x.Tk * x.D) : 0), dVf(bf16 ? size_t(x.Tk * x.Dv) : 0),
+        dQf(bf16 ? size_t(kLongRows * x.D) : 0);
+    for (int64_t bh = begin * x.rep; bh < end * x.rep; ++bh) {  // as backward_kept
       const int64_t b = bh / x.H, h = bh % x.H, hk = h / x.rep;
       const bool first_head = h % x.rep == 0;
-      const float *Q = rows_of(x.q, b, h), *K = rows_of(x.k, b, hk), *V = rows_of(x.v, b, hk), *O = rows_of(x.o, b, h),
-                  *G = rows_of(x.g, b, h);
-      float *dQ = rows_of(x.dq, b, h), *dK = rows_of(x.dk, b, hk), *dV = rows_of(x.dv, b, hk);
+      const T *Q = rows_of<T>(x.q, b, h), *K = rows_of<T>(x.k, b, hk), *V = rows_of<T>(x.v, b, hk),
+              *O = rows_of<T>(x.o, b, h), *G = rows_of<T>(x.g, b, h);
+      OutRows<T> dK{rows_of<T>(x.dk, b, hk), x.ldk, dKf.data(), x.D}, dV{rows_of<T>(x.dv, b, hk), x.ldv, dVf.data(), x.Dv};
+      T* dQ = rows_of<T>(x.dq, b, h);
       const float* L = lse_c.const_data_ptr<float>() + bh * x.Tq;
       // Query blocks from the last: it reaches every key (causal: Tq = Tk), so its products write
       // dK and dV whole (beta 0, over the uninitialised outputs) and every earlier block adds to
@@ -324,21 +494,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const 
             drop_row(*drop, bh, x.Tq, x.Tk, r, P.data() + (r - r0) * n, dropped.data() + (r - r0) * n, n);
           A = dropped.data();
         }
-        gemm(true, false, n, x.Dv, rows, 1.0f, A, n, G + r0 * x.lg, x.lg, beta, dV, x.ldv);
+        gemm(true, false, n, x.Dv, rows, 1.0f, operand<T>(A, rows, n, Ab), n, G + r0 * x.lg, x.lg, beta, dV.rows(),
+             dV.ld());
         gemm(false, true, rows, n, x.Dv, 1.0f, G + r0 * x.lg, x.lg, V, x.lv, 0.0f, dS.data(), n);
         for (int64_t r = r0; r < r1; ++r) {
-          const float rowdot = dot_row(G + r * x.lg, O + r * x.lo, x.Dv);
+          const float rowdot = dot_of(G + r * x.lg, O + r * x.lo, x.Dv);
           float* row = dS.data() + (r - r0) * n;
           if (drop) drop_row(*drop, bh, x.Tq, x.Tk, r, row, row, n);
           softmax_backward_row(P.data() + (r - r0) * n, row, rowdot, causal ? r + 1 : n, n);
         }
         // dQ = scale dS K; dK[0:n] += scale dS^T Q.
-        gemm(false, false, rows, x.D, n, s, dS.data(), n, K, x.lk, 0.0f, dQ + r0 * x.ldq, x.ldq);
-        gemm(true, false, n, x.D, rows, s, dS.data(), n, Q + r0 * x.lq, x.lq, beta, dK, x.ldk);
+        const T* dSop = operand<T>(dS.data(), rows, n, dSb);
+        OutRows<T> dQr{dQ + r0 * x.ldq, x.ldq, dQf.data(), x.D};
+        gemm(false, false, rows, x.D, n, s, dSop, n, K, x.lk, 0.0f, dQr.rows(), dQr.ld());
+        dQr.flush(rows, x.D);
+        gemm(true, false, n, x.D, rows, s, dSop, n, Q + r0 * x.lq, x.lq, beta, dK.rows(), dK.ld());
+      }
+      if (h % x.rep == x.rep - 1) {
+        dK.flush(x.Tk, x.D);
+        dV.flush(x.Tk, x.Dv);
       }
     }
   });
   return {x.dq, x.dk, x.dv};
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_attention_backward_lse(const at::Tensor& g0, const at::Tensor& q0,
+                                                                          const at::Tensor& k0, const at::Tensor& v0,
+                                                                          const at::Tensor& o0, const at::Tensor& lse,
+                                                                          bool causal, double scale,
+                                                                          const AttentionDropout* drop) {
+  return by_dtype(q0, [&](auto t) {
+    return backward_lse<decltype(t)>(g0, q0, k0, v0, o0, lse, causal, scale, drop);
+  });
 }
 
 }  // namespace mfsdp

@@ -588,6 +588,28 @@ inline uint16_t float_bf16(float f) {  // nearest even; NaN a quiet NaN (c10::BF
 }
 }  // namespace
 
+// Rows of floats rounded to bf16 (nearest even, as c10::BFloat16): what attention's bf16 products
+// take of its fp32 probabilities and their gradients, and how their fp32 results reach bf16 outputs.
+MFSDP_CLONES void round_rows_bf16(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    uint16_t* yr = y + r * ldy;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) store(yr + i, load(xr + i));
+    for (; i < n; ++i) yr[i] = float_bf16(xr[i]);
+  }
+}
+
+// sum of a[i] * b[i] over bf16 rows, in float: 16 lanes of partial sums, then the lanes in order.
+MFSDP_CLONES float dot_row_bf16(const uint16_t* a, const uint16_t* b, int64_t n) {
+  vf acc = vf{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc += load(a + i) * load(b + i);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += bf16_float(a[i]) * bf16_float(b[i]);
+  return s;
+}
+
 MFSDP_CLONES float logsumexp_row_bf16(const uint16_t* x, int64_t n) {
   vf vm = splat(-INFINITY);
   vi bad = vi{};

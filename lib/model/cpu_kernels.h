@@ -46,6 +46,10 @@ float softmax_row(float* s, int64_t n, int64_t len);
 void softmax_from_lse_row(float* s, float lse, int64_t n, int64_t len);
 void softmax_backward_row(const float* p, float* g, float d, int64_t n, int64_t len);
 float dot_row(const float* a, const float* b, int64_t n);
+// Their bf16 companions: `rows` rows of n floats (ldx apart) rounded to bf16 rows (ldy apart), nearest
+// even; sum of a[i] b[i] over bf16 rows, in float.
+void round_rows_bf16(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int64_t rows, int64_t n);
+float dot_row_bf16(const uint16_t* a, const uint16_t* b, int64_t n);
 
 // Cross entropy's rows (parallel/cross_entropy.cpp). log(sum(exp(x[0:n]))), as ATen's logsumexp
 // computes it: the row's maximum first; NaN for a row with a NaN, +inf with a +inf, -inf when all

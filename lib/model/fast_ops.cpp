@@ -737,7 +737,7 @@ struct Sdpa : public torch::autograd::Function<Sdpa> {
     const at::Tensor keep_mask = ctx->saved_data.count("keep_mask") ? ctx->saved_data["keep_mask"].toTensor() : at::Tensor();
     AttentionDropout drop;
     const AttentionDropout* d = attention_dropout(keep_mask, ctx->saved_data["dropout_p"].toDouble(), drop);
-    const at::Tensor go = g[0].to(at::kFloat);
+    const at::Tensor go = g[0].to(saved[0].scalar_type());  // the kernels' dtype: fp32, or bf16 products
     auto [dq, dk, dv] =
         ctx->saved_data["keep"].toBool()
             ? cpu_attention_backward(go, saved[0], saved[1], saved[2], saved[3], saved[4], causal, scale, d)
@@ -755,8 +755,8 @@ at::Tensor sdpa_no_grad(const at::Tensor& q, const at::Tensor& k, const at::Tens
                                               : cpu_attention_forward_lse(q, k, v, causal, scale, nullptr, d);
 }
 
-// The fp32 kernels, keeping the probabilities or log-sum-exps only when a gradient will be asked for.
-at::Tensor sdpa_float(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale,
+// The kernels, keeping the probabilities or log-sum-exps only when a gradient will be asked for.
+at::Tensor sdpa_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal, double scale,
                       const at::Tensor& keep_mask, double dropout_p) {
   const bool grad = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!grad) return sdpa_no_grad(q, k, v, causal, scale, keep_mask, dropout_p);
@@ -765,12 +765,16 @@ at::Tensor sdpa_float(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 }
 
 // mfsdp's kernels where they take the inputs (fp32 or bf16 on the CPU; not causal: short sequences),
-// ATen's attention elsewhere. bf16 inputs are converted to fp32 (exactly), the kernels compute in
-// fp32 and the output is rounded to bf16 once; autograd converts the gradients on the way back. Why:
-// ATen's CPU flash attention in bf16 was slower than in fp32 on this project's AMD EPYC
-// (bench/results_kernels.md). The probabilities stay fp32 (ATen's bf16 kernel rounds them to bf16
-// before their product with v), so the results are nearer the exact ones than ATen's bf16
-// (tests/test_kernels.cpp).
+// ATen's attention elsewhere. bf16 inputs run the kernels in bf16 where the CPU multiplies bf16 in
+// hardware (cpu_attention_bf16_products): bf16 products accumulated in fp32, the probabilities and
+// dS rounded to bf16 for theirs, as ATen's bf16 flash attention does, at about twice the fp32
+// products' rate (bench/results_kernels.md). Elsewhere, or with MFSDP_ATTENTION_BF16=fp32, they are
+// converted to fp32 (exactly), the kernels compute in fp32 and the output is rounded to bf16 once
+// (autograd converts the gradients on the way back): the probabilities stay fp32, nearer the exact
+// result than ATen's bf16 (tests/test_kernels.cpp). Why not ATen's: its CPU flash attention in
+// bf16 was slower than mfsdp's fp32 kernels on this project's AMD EPYC.
+bool sdpa_in_bf16(const at::Tensor& q) { return q.scalar_type() == at::kBFloat16 && cpu_attention_bf16_products(); }
+
 at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
                          double dropout_p, bool is_causal, std::optional<double> scale, bool gqa) {
   bool causal = is_causal;
@@ -778,8 +782,8 @@ at::Tensor sdpa_autograd(const at::Tensor& q, const at::Tensor& k, const at::Ten
     return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale, gqa);
   const at::Tensor keep = sdpa_dropout_mask(q, k, dropout_p);
   const double s = sdpa_scale(q, scale);
-  if (q.scalar_type() == at::kFloat) return sdpa_float(q, k, v, causal, s, keep, dropout_p);
-  return sdpa_float(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s, keep, dropout_p)
+  if (q.scalar_type() == at::kFloat || sdpa_in_bf16(q)) return sdpa_kernel(q, k, v, causal, s, keep, dropout_p);
+  return sdpa_kernel(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s, keep, dropout_p)
       .to(q.scalar_type());
 }
 at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptMask& mask,
@@ -789,7 +793,7 @@ at::Tensor sdpa_plain(const at::Tensor& q, const at::Tensor& k, const at::Tensor
     return sdpa_aten(q, k, v, mask, dropout_p, is_causal, scale, gqa);
   const at::Tensor keep = sdpa_dropout_mask(q, k, dropout_p);
   const double s = sdpa_scale(q, scale);
-  if (q.scalar_type() == at::kFloat) return sdpa_no_grad(q, k, v, causal, s, keep, dropout_p);
+  if (q.scalar_type() == at::kFloat || sdpa_in_bf16(q)) return sdpa_no_grad(q, k, v, causal, s, keep, dropout_p);
   return sdpa_no_grad(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), causal, s, keep, dropout_p)
       .to(q.scalar_type());
 }

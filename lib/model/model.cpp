@@ -188,11 +188,12 @@ std::string Model::use_fast_attention(bool& in_use) {
   const int n = mfsdp::use_fast_attention(module_), written = mfsdp::use_fast_eager_attention(module_);
   if (n + written == 0) return "";
   in_use = true;
-  return fmt::format("mfsdp's CPU attention: {} scaled_dot_product_attention call(s){} (fp32, and bf16 computed in "
-                     "fp32; probabilities kept up to {} keys, recomputed from a log-sum-exp beyond when causal; "
+  return fmt::format("mfsdp's CPU attention: {} scaled_dot_product_attention call(s){} (fp32, and bf16 {}; "
+                     "probabilities kept up to {} keys, recomputed from a log-sum-exp beyond when causal; "
                      "ATen's flash attention for longer calls that are not)",
                      n,
                      written ? fmt::format(" and {} written out (softmax(q k^T) v, or mfsdp::attention)", written) : "",
+                     cpu_attention_bf16_products() ? "with bf16 products accumulated in fp32" : "computed in fp32",
                      kCpuAttentionMaxKeys);
 }
 

@@ -1,6 +1,7 @@
 #include "train/system.h"
 
 #include "device/device.h"
+#include "model/cpu_attention.h"
 #include "util/error.h"
 
 #include <ATen/ATen.h>
@@ -93,7 +94,8 @@ std::string cpu_vendor() {
 
 }  // namespace
 
-void check_mkl_dispatch_knob() {
+void check_cpu_knobs() {
+  check_attention_bf16_knob();
   const char* knob = std::getenv("MFSDP_MKL_DISPATCH");
   if (knob && *knob && std::string(knob) != "vendor" && std::string(knob) != "isa")
     throw UserError(std::string("environment variable MFSDP_MKL_DISPATCH=") + knob +

@@ -43,8 +43,10 @@ double measure_peak_tflops(bool bf16, c10::Device device = c10::Device(c10::kCPU
 // on a bad MFSDP_MKL_DISPATCH (isa or vendor).
 std::string blas_description();
 // Throws UserError unless MFSDP_MKL_DISPATCH (how MKL chooses its kernels on a CPU not made by
-// Intel, system.cpp) is unset, empty, "isa" or "vendor". `mfsdp train` checks it first thing.
-void check_mkl_dispatch_knob();
+// Intel, system.cpp) is unset, empty, "isa" or "vendor", and MFSDP_ATTENTION_BF16 (how bf16
+// attention multiplies, model/cpu_attention.h) unset, empty, "bf16" or "fp32". `mfsdp train`
+// checks them first thing.
+void check_cpu_knobs();
 // "malloc jemalloc 5.3.0-..." or "malloc glibc": the allocator this process's malloc is.
 std::string malloc_description();
 
