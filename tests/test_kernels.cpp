@@ -10,6 +10,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -20,6 +21,7 @@
 #include "catch.h"
 #include "kernel_refs.h"
 #include "model/cpu_attention.h"
+#include "model/cpu_blas.h"
 #include "model/cpu_kernels.h"
 #include "model/fast_ops.h"
 #include "train/system.h"
@@ -148,6 +150,55 @@ TEST_CASE("cross entropy rows on bf16 logits: the float kernels' values on the w
   std::vector<uint16_t> g(40);
   mfsdp::xent_grad_row_bf16(row.data(), std::nanf(""), 3, 1.0f, 1.0f, g.data(), 40);
   CHECK(std::all_of(g.begin(), g.end(), [](uint16_t v) { return (v & 0x7F80) == 0x7F80 && (v & 0x7F) != 0; }));
+}
+
+TEST_CASE("mm_bf16_into_f32 and col_sums_bf16: bf16 products and column sums into fp32 against the same in "
+          "double, transposed operands, accumulation, empty sizes") {
+  REQUIRE(mfsdp::cpu_bf16_products_available());
+  at::Generator gen = at::detail::createCPUGenerator(8);
+  auto bf = [&](int64_t r, int64_t c) { return at::randn({r, c}, gen, at::kFloat).to(at::kBFloat16); };
+  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {7, 33, 5}, {64, 1024, 96}, {300, 17, 1}}) {
+    INFO(m << " x " << k << " x " << n);
+    // a as the weight gradient reads dy: a transposed view; b contiguous; and a sliced-column layout
+    // that is neither (copied).
+    const at::Tensor a = bf(k, m).t(), b = bf(k, n), a2 = bf(m, 2 * k).narrow(1, 0, k).t().contiguous().t();
+    const at::Tensor want = at::mm(a.to(at::kDouble), b.to(at::kDouble));
+    at::Tensor c = at::full({m, n}, 7.0f);
+    mfsdp::mm_bf16_into_f32(c, a, b, false);
+    // fp32 accumulation of exact products of bf16 values: fp32 rounding only.
+    CHECK((c.to(at::kDouble) - want).abs().max().item<double>() <= 1e-5 * std::max(1.0, want.abs().max().item<double>()) * k);
+    at::Tensor acc = c.clone();
+    mfsdp::mm_bf16_into_f32(acc, a, b, true);
+    CHECK((acc.to(at::kDouble) - 2 * want).abs().max().item<double>() <= 2e-5 * std::max(1.0, want.abs().max().item<double>()) * k);
+    at::Tensor c2 = at::empty({m, n});
+    mfsdp::mm_bf16_into_f32(c2, a2, b, false);
+    const at::Tensor want2 = at::mm(a2.to(at::kDouble), b.to(at::kDouble));
+    CHECK((c2.to(at::kDouble) - want2).abs().max().item<double>() <= 1e-5 * std::max(1.0, want2.abs().max().item<double>()) * k);
+    // Into a view of a larger buffer (a bucket's slice), rows of the view's stride.
+    at::Tensor big = at::zeros({m, n + 3});
+    at::Tensor view = big.narrow(1, 0, n);
+    mfsdp::mm_bf16_into_f32(view, a, b, false);
+    CHECK(view.equal(c));
+    CHECK(big.narrow(1, n, 3).eq(0).all().item<bool>());
+  }
+  // A bias's gradient from bf16 rows into fp32: column sums, written or added, rows ld apart.
+  for (int64_t n : {1, 15, 16, 17, 768}) {
+    INFO("columns " << n);
+    const at::Tensor rows = bf(300, n + 5).narrow(1, 0, n);
+    const at::Tensor want = rows.to(at::kDouble).sum(0);
+    at::Tensor out = at::full({n}, 3.0f);
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(rows.const_data_ptr<at::BFloat16>());
+    mfsdp::col_sums_bf16(x, rows.stride(0), 300, n, out.mutable_data_ptr<float>(), false);
+    CHECK((out.to(at::kDouble) - want).abs().max().item<double>() <= 1e-4);
+    mfsdp::col_sums_bf16(x, rows.stride(0), 300, n, out.mutable_data_ptr<float>(), true);
+    CHECK((out.to(at::kDouble) - 2 * want).abs().max().item<double>() <= 2e-4);
+  }
+  at::Tensor c = at::full({3, 4}, 5.0f);
+  mfsdp::mm_bf16_into_f32(c, bf(3, 0), bf(0, 4), true);  // K = 0: accumulating adds nothing
+  CHECK(c.eq(5).all().item<bool>());
+  mfsdp::mm_bf16_into_f32(c, bf(3, 0), bf(0, 4), false);
+  CHECK(c.eq(0).all().item<bool>());
+  CHECK_THROWS(mfsdp::mm_bf16_into_f32(c, bf(3, 2), bf(3, 4), false));
 }
 
 TEST_CASE("GELU tanh: mfsdp's kernel against the function in double and against ATen's, fp32") {

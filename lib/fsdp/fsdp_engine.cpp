@@ -35,6 +35,7 @@
 #include "fsdp/unit_ops.h"
 #include "mesh/process_groups.h"
 #include "model/graph_rewrite.h"
+#include "model/cpu_blas.h"
 #include "model/linear.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -235,10 +236,13 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
   // writes the weight's (and bias's) gradient with the product itself into this engine's gradient
   // buffer, as Megatron's gradient-accumulation fusion writes main_grad: the first gradient of a
   // step overwrites (beta 0), later ones add (beta 1). Autograd then holds no gradient tensor for
-  // them and on_grad_ready copies nothing. Only where the gradient buffer has the compute dtype
-  // (fp32, or bf16 without grad_reduce_in_fp32): a bf16 product into fp32 main gradients stays
-  // autograd's, converted by the copy. MFSDP_GRAD_INTO_BUCKETS=off keeps every gradient autograd's
-  // (bench/ measures both ways).
+  // them and on_grad_ready copies nothing. Where the gradient buffer has the compute dtype (fp32,
+  // or bf16 without grad_reduce_in_fp32), and for bf16 compute into fp32 main gradients on a CPU
+  // that multiplies bf16 in hardware (cpu_bf16_products_native): there the products take bf16
+  // operands and accumulate in fp32 straight into the buffer (model/linear.cpp, product_into), so
+  // the gradient is never rounded to bf16. Elsewhere (a GPU, or a CPU without bf16 products) a bf16
+  // product into fp32 main gradients stays autograd's, converted by the copy.
+  // MFSDP_GRAD_INTO_BUCKETS=off keeps every gradient autograd's (bench/ measures both ways).
   void take_linear_grads() {
     sunk_.assign(model_.params().size(), 0);
     const char* knob = std::getenv("MFSDP_GRAD_INTO_BUCKETS");
@@ -246,7 +250,8 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
       sink_note_ = "; gradients: autograd's, copied into the buckets (MFSDP_GRAD_INTO_BUCKETS=off)";
       return;
     }
-    if (gd_ != cd_) {
+    mixed_sink_ = gd_ == at::kFloat && cd_ == at::kBFloat16 && dev_.is_cpu() && cpu_bf16_products_native();
+    if (gd_ != cd_ && !mixed_sink_) {
       sink_note_ = fmt::format("; gradients: autograd's {}, converted into the {} buckets", c10::toString(cd_),
                                c10::toString(gd_));
       return;
@@ -258,13 +263,15 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
     const SinkCalls calls = use_sink_linear(model_.module());
     if (calls.linear + calls.embedding == 0) return;
     set_grad_sink(this);
-    sink_note_ = fmt::format("; gradients: the products of {} linear call site(s) write theirs into the buckets{}",
+    sink_note_ = fmt::format("; gradients: the products of {} linear call site(s) write theirs into the buckets{}{}",
                              calls.linear,
-                             calls.embedding ? fmt::format(", {} embedding call site(s) their rows", calls.embedding) : "");
+                             calls.embedding ? fmt::format(", {} embedding call site(s) their rows", calls.embedding) : "",
+                             mixed_sink_ ? " (BFloat16 products accumulated in the Float buckets)" : "");
   }
   int sink_param(const at::Tensor& t) const override {
     auto it = sink_index_.find(t.unsafeGetTensorImpl());
-    return it != sink_index_.end() && t.scalar_type() == gd_ && t.device() == dev_ ? it->second : -1;
+    const bool dtype = t.scalar_type() == gd_ || (mixed_sink_ && t.scalar_type() == cd_);
+    return it != sink_index_.end() && dtype && t.device() == dev_ ? it->second : -1;
   }
   at::Tensor sink_buffer(int pi, bool& accumulate) override {
     const ParamInfo& info = info_[pi];
@@ -1018,6 +1025,7 @@ class FsdpEngine final : public ParallelEngine, public UnitHooks, public GradSin
   std::vector<uint8_t> sunk_;      // parameter pi's gradient was written into its bucket by a product
   std::unordered_map<const c10::TensorImpl*, int> sink_index_;  // parameters whose gradients products write
   std::string sink_note_;
+  bool mixed_sink_ = false;  // bf16 parameters' products write into the fp32 buffers (take_linear_grads)
   std::vector<int> launch_order_;  // buckets' reductions start in this order on every rank
   size_t next_launch_ = 0;         // launch_order_[next_launch_] is the next to start
   std::vector<std::vector<int>> unit_groups_;  // unit -> its buckets (one, or one per parameter)

@@ -19,8 +19,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -29,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/cpu_blas.h"
 #include "model/cpu_kernels.h"
 #include "model/cpu_random.h"
 #include "util/error.h"
@@ -38,13 +37,6 @@
 extern "C" void sgemm_(const char* ta, const char* tb, const int* m, const int* n, const int* k, const float* alpha,
                        const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
                        const int* ldc) __attribute__((weak));
-
-// MKL's product of bf16 matrices into fp32 (CBLAS, row-major), which LibTorch's MKL exports: bf16
-// attention's products. Weak as sgemm_: without it bf16 calls run the fp32 kernels on converted
-// inputs (cpu_attention_bf16_products).
-extern "C" void cblas_gemm_bf16bf16f32(int layout, int transa, int transb, int m, int n, int k, float alpha,
-                                       const uint16_t* a, int lda, const uint16_t* b, int ldb, float beta, float* c,
-                                       int ldc) __attribute__((weak));
 
 namespace mfsdp {
 namespace {
@@ -60,12 +52,10 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const 
   sgemm_(&opa, &opb, &m, &n, &k, &alpha, B, &la, A, &lb, &beta, C, &lc);
 }
 
-// The same on bf16 operands, accumulated and returned in fp32 (C is fp32).
+// The same on bf16 operands, accumulated and returned in fp32 (C is fp32): MKL's (model/cpu_blas.h).
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t lda,
           const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
-  cblas_gemm_bf16bf16f32(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, int(M), int(N), int(K), alpha, A,
-                         int(lda), B, int(ldb), beta, C, int(ldc));
+  gemm_bf16_f32(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 // Element types of the kernels: float, or bf16 as its bits (uint16_t). A bf16 call's products take
@@ -255,25 +245,11 @@ void check_attention_bf16_knob() {
 }
 
 bool cpu_attention_bf16_products() {
-  if (cblas_gemm_bf16bf16f32 == nullptr) return false;
+  if (!cpu_bf16_products_available()) return false;
   const char* knob = std::getenv("MFSDP_ATTENTION_BF16");
   if (knob && std::string(knob) == "fp32") return false;
   if (knob && std::string(knob) == "bf16") return true;
-  // MKL runs bf16 products in hardware where the CPU has AVX-512 BF16 or AMX and MKL picks its
-  // kernels by instruction set (always on Intel's CPUs; on others with mfsdp's answer to MKL's
-  // vendor check, train/system.cpp). Elsewhere they were slower than fp32's (an AMD EPYC with
-  // MKL's generic kernels: 0.8-0.95x sgemm's rate at attention's shapes), and the fp32 kernels run.
-  static const bool native = [] {
-#if defined(__x86_64__)
-    if (!__builtin_cpu_supports("avx512bf16") && !__builtin_cpu_supports("amx-bf16")) return false;
-#else
-    return false;
-#endif
-    using DetectFn = int (*)();
-    auto detect = reinterpret_cast<DetectFn>(dlsym(RTLD_DEFAULT, "mkl_serv_cpu_detect"));
-    return detect != nullptr && detect() != 0;
-  }();
-  return native;
+  return cpu_bf16_products_native();
 }
 
 bool is_causal_mask(const at::Tensor& mask, int64_t T) {
@@ -309,7 +285,7 @@ namespace {
 template <typename Fn>
 auto by_dtype(const at::Tensor& q, Fn fn) {
   if (q.scalar_type() == at::kBFloat16) {
-    TORCH_CHECK(cblas_gemm_bf16bf16f32 != nullptr, "mfsdp attention: bf16 products need MKL's cblas_gemm_bf16bf16f32");
+    TORCH_CHECK(cpu_bf16_products_available(), "mfsdp attention: bf16 products need MKL's cblas_gemm_bf16bf16f32");
     return fn(uint16_t{});
   }
   return fn(float{});

@@ -7,8 +7,11 @@
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 
+#include "model/cpu_blas.h"
+#include "model/cpu_kernels.h"
 #include "model/graph_rewrite.h"
 
 namespace mfsdp {
@@ -38,10 +41,23 @@ at::Tensor param_grad(int64_t pi, Write product, Fresh fresh) {
   return at::Tensor();
 }
 
+// dst = a b, or dst += a b (`accumulate`), for a product whose result goes into a sink's buffer:
+// ATen's where the buffer has the operands' dtype; bf16 operands into fp32 main gradients (bf16
+// compute with grad_reduce_in_fp32, on the CPU: GradSink::sink_param takes those only where
+// cpu_bf16_products_native) by MKL's bf16 product accumulated in fp32, as Megatron's gradient-
+// accumulation fusion writes bf16 layers' weight gradients into fp32 main_grad: no bf16 gradient,
+// no conversion, no rounding of the gradient to bf16.
+void product_into(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, bool accumulate) {
+  if (dst.scalar_type() != a.scalar_type()) return mm_bf16_into_f32(dst, a, b, accumulate);
+  if (accumulate) dst.addmm_(a, b);
+  else at::mm_out(dst, a, b);
+}
+
 // The bias gradient, dy's column sums (dy [rows, out]), into the sink's buffer or a tensor of its own:
 // on fp32 CPU tensors as BLAS's matrix-vector product dy^T 1 (MKL's sgemv streams dy's rows once;
 // ATen's sum over dim 0 took 2.6x its time on a [1024, 1024] dy, bench/results_grads_into_buckets.md),
-// elsewhere ATen's sum.
+// a bf16 dy into fp32 main gradients by a row loop of mfsdp's own (model/cpu_kernels.h: col_sums_bf16;
+// ATen's sum with an fp32 dtype converted dy whole first), elsewhere ATen's sum.
 at::Tensor bias_grad(int64_t sink, const at::Tensor& dy) {
   const bool gemv = dy.is_cpu() && dy.scalar_type() == at::kFloat;
   const at::Tensor ones = gemv ? at::ones({dy.size(0)}, dy.options()) : at::Tensor();
@@ -50,7 +66,13 @@ at::Tensor bias_grad(int64_t sink, const at::Tensor& dy) {
       [&](at::Tensor& dst, bool accumulate) {
         if (gemv && accumulate) dst.addmv_(dy.t(), ones);
         else if (gemv) at::mv_out(dst, dy.t(), ones);
-        else if (accumulate) dst.add_(dy.sum(0));
+        else if (dst.scalar_type() != dy.scalar_type()) {  // bf16 dy, fp32 buffer (product_into's case)
+          const at::Tensor d = dy.stride(1) == 1 || dy.size(1) <= 1 ? dy : dy.contiguous();
+          TORCH_CHECK(dst.is_contiguous() && d.scalar_type() == at::kBFloat16 && dst.scalar_type() == at::kFloat);
+          col_sums_bf16(reinterpret_cast<const uint16_t*>(d.const_data_ptr<at::BFloat16>()),
+                        std::max<int64_t>(1, d.stride(0)), d.size(0), d.size(1), dst.mutable_data_ptr<float>(),
+                        accumulate);
+        } else if (accumulate) dst.add_(dy.sum(0));
         else at::sum_out(dst, dy, {0});
       },
       [&] { return gemv ? at::mv(dy.t(), ones) : dy.sum(0); });
@@ -80,10 +102,7 @@ struct Linear : public torch::autograd::Function<Linear> {
       const at::Tensor x2 = x.reshape({-1, in});
       dw = param_grad(
           ctx->saved_data["w_sink"].toInt(),
-          [&](at::Tensor& dst, bool accumulate) {
-            if (accumulate) dst.addmm_(dy.t(), x2);
-            else at::mm_out(dst, dy.t(), x2);
-          },
+          [&](at::Tensor& dst, bool accumulate) { product_into(dst, dy.t(), x2, accumulate); },
           [&] { return dy.t().mm(x2); });
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
@@ -113,18 +132,17 @@ struct LinearT : public torch::autograd::Function<LinearT> {
     if (ctx->needs_input_grad(2))
       dw = param_grad(
           ctx->saved_data["w_sink"].toInt(),
-          [&](at::Tensor& dst, bool accumulate) {
-            if (accumulate) dst.addmm_(x.t(), dy);
-            else at::mm_out(dst, x.t(), dy);
-          },
+          [&](at::Tensor& dst, bool accumulate) { product_into(dst, x.t(), dy, accumulate); },
           [&] { return x.t().mm(dy); });
     return {db, dx, dw};
   }
 };
 
 // dst[idx[i]] += rows[i] for i in order: fp32 CPU rows by a loop of its own (index_add_ goes through a
-// TensorIterator per row), anything else by index_add_, which adds in the same order.
-void add_rows(at::Tensor& dst, const at::Tensor& idx0, const at::Tensor& rows0) {
+// TensorIterator per row), anything else by index_add_, which adds in the same order. Rows of another
+// dtype (bf16 rows into fp32 main gradients) are converted first.
+void add_rows(at::Tensor& dst, const at::Tensor& idx0, const at::Tensor& rows_in) {
+  const at::Tensor rows0 = rows_in.scalar_type() == dst.scalar_type() ? rows_in : rows_in.to(dst.scalar_type());
   if (!(dst.is_cpu() && dst.scalar_type() == at::kFloat && rows0.scalar_type() == at::kFloat && dst.is_contiguous() &&
         dst.dim() == 2)) {
     dst.index_add_(0, idx0, rows0);

@@ -17,7 +17,8 @@ class GradSink {
  public:
   virtual ~GradSink() = default;
   // The index of the parameter that `t` is (the same tensor, by identity) when this sink takes its
-  // gradient in t's dtype and on t's device, else -1: its gradient goes through autograd as usual.
+  // gradient on t's device, in t's dtype or (bf16 t on the CPU) into fp32 main gradients, else -1:
+  // its gradient goes through autograd as usual.
   virtual int sink_param(const at::Tensor& t) const = 0;
   // Parameter pi's gradient buffer for the backward running now, shaped as the parameter, and
   // whether it already holds part of this step's gradient (add into it) or is to be overwritten.

@@ -65,9 +65,11 @@ mfsdp_oracle(loss_mask_and_decay RUNS eod_np1 eod_s3_n4 eod_s0_n2_mean eod_np1_m
              decay_weights_only)
 # bf16 compute, fp32 main weights: PyTorch computes in bf16 too, but reduces and accumulates in
 # another order; the bound is stated in the README (measured there).
-# grads_bf16_s1_n2: bf16 gradient buffers (no grad_reduce_in_fp32), written by the products.
+# grads_bf16_s1_n2: bf16 gradient buffers (no grad_reduce_in_fp32), written by the products;
+# grads_bf16f32_s3_n2 and grads_autograd_bf16f32_s3_n2: fp32 ones, written by bf16 products accumulated
+# in fp32 where the CPU has them (model/cpu_blas.h), and by autograd's bf16 gradients converted.
 mfsdp_oracle(bf16 RUNS bf16_np1 bf16_dp2 fsdp_bf16_s3_n4_ovon_dbon fsdp_bf16_s1_n2_ovon_dboff bf16_tp2_s3_n4 bf16_cp2_s3
-             grads_bf16_s1_n2 ARGS --bf16-rtol 1e-2)
+             grads_bf16_s1_n2 grads_bf16f32_s3_n2 grads_autograd_bf16f32_s3_n2 ARGS --bf16-rtol 1e-2)
 # torch.nn's own layers (tests/train/torch_layers_model.py): nn.MultiheadAttention's projections and
 # SDPA call are inside torch.nn.functional's multi_head_attention_forward, a function of the file;
 # mfsdp's linear (gradients into the buckets), attention and dropout rewrites follow the calls into
