@@ -8,6 +8,7 @@
 #include <torch/autograd.h>
 #include <torch/script.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -233,10 +234,19 @@ TEST_CASE("Attention dropout: mfsdp's kernel draws ATen's masks; outputs and gra
       {1, 2, 48, 16, false, true, at::kFloat},   // an explicit causal mask (Hugging Face's way)
       {1, 2, 300, 16, true, false, at::kFloat},  // beyond kCpuAttentionMaxKeys: the log-sum-exp kernels
       {2, 2, 40, 16, true, false, at::kBFloat16},
+      {1, 2, 300, 16, true, false, at::kBFloat16},
+      {2, 4, 37, 16, true, false, at::kBFloat16, 2},
       {2, 4, 37, 16, true, false, at::kFloat, 2},  // grouped-query attention: the mask is over q's heads
       {1, 4, 300, 16, true, false, at::kFloat, 1},
   };
-  for (const Case& c : cases) {
+  // bf16 both ways: its kernels with bf16 products, and converted to fp32 (model/cpu_attention.h:
+  // cpu_attention_bf16_products; MFSDP_ATTENTION_BF16 restored after).
+  const char* knob_before = std::getenv("MFSDP_ATTENTION_BF16");
+  const std::string saved = knob_before ? knob_before : "";
+  for (const Case& c : cases)
+  for (const char* mode : {"bf16", "fp32"}) {
+    if (c.dtype == at::kFloat && std::string(mode) == "fp32") continue;
+    setenv("MFSDP_ATTENTION_BF16", mode, 1);
     for (double p : {0.1, 0.5}) {
       at::manual_seed(31);
       const int64_t hk = c.hk ? c.hk : c.h;
@@ -250,7 +260,7 @@ TEST_CASE("Attention dropout: mfsdp's kernel draws ATen's masks; outputs and gra
       set_rng_state(before);
       const DropRun got = attn_dropout_run(q, k, v, g, mask, p, c.causal, true, c.hk != 0);
       INFO("t " << c.t << " causal " << c.causal << " mask " << c.explicit_mask << " dtype " << c.dtype << " p " << p
-                << " kv heads " << hk);
+                << " kv heads " << hk << " MFSDP_ATTENTION_BF16=" << mode);
       CHECK(at::equal(got.state_after_forward, want.state_after_forward));
       const double tol = c.dtype == at::kFloat ? 2e-5 : 2e-2;
       for (size_t i = 0; i < 4; ++i) {
@@ -261,6 +271,8 @@ TEST_CASE("Attention dropout: mfsdp's kernel draws ATen's masks; outputs and gra
       }
     }
   }
+  if (knob_before) setenv("MFSDP_ATTENTION_BF16", saved.c_str(), 1);
+  else unsetenv("MFSDP_ATTENTION_BF16");
 }
 
 // nanoGPT's spelling: the probability is `p if self.training else 0.0`, a value of the graph, not a
