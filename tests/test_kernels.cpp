@@ -236,6 +236,78 @@ TEST_CASE("GELU tanh: bf16 within one bf16 rounding of ATen's") {
   CHECK(gelu_tanh(at::tensor({NAN}).to(at::kBFloat16)).isnan().all().item<bool>());
 }
 
+TEST_CASE("col_sums_f32: a bias's gradient from fp32 rows, written or added, rows ld apart, against double") {
+  at::Generator gen = at::detail::createCPUGenerator(11);
+  for (int64_t n : {1, 15, 16, 17, 768}) {
+    INFO("columns " << n);
+    const at::Tensor rows = at::randn({300, n + 5}, gen, at::kFloat).narrow(1, 0, n);
+    const at::Tensor want = rows.to(at::kDouble).sum(0);
+    at::Tensor out = at::full({n}, 3.0f);
+    mfsdp::col_sums_f32(rows.const_data_ptr<float>(), rows.stride(0), 300, n, out.mutable_data_ptr<float>(), false);
+    CHECK((out.to(at::kDouble) - want).abs().max().item<double>() <= 1e-4);
+    mfsdp::col_sums_f32(rows.const_data_ptr<float>(), rows.stride(0), 300, n, out.mutable_data_ptr<float>(), true);
+    CHECK((out.to(at::kDouble) - 2 * want).abs().max().item<double>() <= 2e-4);
+  }
+  at::Tensor out = at::full({4}, 3.0f);
+  mfsdp::col_sums_f32(nullptr, 4, 0, 4, out.mutable_data_ptr<float>(), false);  // no rows: zeros
+  CHECK(out.eq(0).all().item<bool>());
+}
+
+// mfsdp::gelu_tanh through the dispatcher: its autograd kernel (fast_ops.h's gelu_tanh is the forward).
+at::Tensor gelu_tanh_autograd_for_tests(const at::Tensor& x) {
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mfsdp::gelu_tanh", "").typed<at::Tensor(const at::Tensor&)>();
+  return op.call(x);
+}
+
+TEST_CASE("Backwards that write over their incoming gradient: only where nothing else can read it") {
+  // GELU, SwiGLU's gate: the gradient written over autograd's incoming one when may_overwrite_grad
+  // allows. A gradient that two nodes receive (an add's backward hands both the same tensor), a
+  // retained .grad of the op's output, and a gradient the caller holds must come out unchanged, and
+  // every result must equal ATen's.
+  at::Generator gen = at::detail::createCPUGenerator(12);
+  const at::Tensor a0 = at::randn({16, 64}, gen, at::kFloat), b0 = at::randn({16, 64}, gen, at::kFloat);
+  const at::Tensor up = at::randn({16, 64}, gen, at::kFloat);
+  auto run = [&](bool ours) {
+    at::Tensor a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    at::Tensor ga = ours ? gelu_tanh_autograd_for_tests(a) : at::gelu(a, "tanh");
+    at::Tensor gb = ours ? gelu_tanh_autograd_for_tests(b) : at::gelu(b, "tanh");
+    at::Tensor s = ours ? silu_mul(a, b) : at::silu(a) * b;
+    ga.retain_grad();
+    at::Tensor out = (ga + gb) * 1.5 + s;  // ga and gb get the same gradient tensor
+    const at::Tensor g = up.clone();
+    out.backward(g);
+    CHECK(at::equal(g, up));  // the caller's gradient untouched
+    return std::vector<at::Tensor>{a.grad(), b.grad(), ga.grad()};
+  };
+  const auto want = run(false), got = run(true);
+  CHECK(worst(got[0], want[0], 1e-2) < 1e-4);
+  CHECK(worst(got[1], want[1], 1e-2) < 1e-4);
+  CHECK(at::equal(got[2], want[2]));  // the retained gradient is the upstream one, not GELU's result
+  CHECK(at::allclose(got[2], up * 1.5));
+  {  // written over g, and the same values as into a fresh tensor
+    at::Tensor g2 = up.clone();
+    const at::Tensor fresh = gelu_tanh_backward(g2, a0, false);
+    const at::Tensor over = gelu_tanh_backward(g2, a0, true);
+    CHECK(over.is_same(g2));
+    CHECK(at::equal(over, fresh));
+  }
+  {  // the rule itself
+    at::NoGradGuard ng;
+    at::Tensor t = at::ones({4, 4});
+    at::Tensor copy = t;  // as in a backward: its argument and autograd's list hold the tensor
+    CHECK(may_overwrite_grad(t));
+    at::Tensor other = t;  // a third holder: someone else
+    CHECK_FALSE(may_overwrite_grad(t));
+    at::Tensor base = at::ones({4, 8});
+    at::Tensor v = base.narrow(1, 0, 4).contiguous();  // a copy: its own storage
+    CHECK(may_overwrite_grad(v));
+    CHECK_FALSE(may_overwrite_grad(base.t()));  // not contiguous
+  }
+  at::Tensor t = at::ones({4, 4});
+  CHECK_FALSE(may_overwrite_grad(t));  // grad mode on: a double backward may record it
+}
+
 TEST_CASE("GELU tanh: other dtypes and non-contiguous inputs") {
   at::Tensor x = at::randn({64, 33}, at::kDouble);
   CHECK(at::equal(gelu_tanh(x), at::gelu(x, "tanh")));  // ATen's own path

@@ -600,9 +600,18 @@ MFSDP_CLONES void round_rows_bf16(const float* x, int64_t ldx, uint16_t* y, int6
   }
 }
 
-// Column sums of `rows` bf16 rows of n (ld apart) into fp32 out[0:n], added to it or (not
-// `accumulate`) written: rows in order, each added in float (a bias's gradient from a bf16 dy into
-// fp32 main gradients, model/linear.cpp).
+// Column sums of `rows` rows of n (ld apart) into fp32 out[0:n], added to it or (not `accumulate`)
+// written: rows in order, each added in float (a bias's gradient, model/linear.cpp). out stays in
+// L1 while the rows stream by once.
+MFSDP_CLONES void col_sums_f32(const float* x, int64_t ld, int64_t rows, int64_t n, float* out, bool accumulate) {
+  if (!accumulate) std::memset(out, 0, size_t(n) * sizeof(float));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ld;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) store(out + i, load(out + i) + load(xr + i));
+    for (; i < n; ++i) out[i] += xr[i];
+  }
+}
 MFSDP_CLONES void col_sums_bf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t n, float* out, bool accumulate) {
   if (!accumulate) std::memset(out, 0, size_t(n) * sizeof(float));
   for (int64_t r = 0; r < rows; ++r) {

@@ -50,8 +50,9 @@ float dot_row(const float* a, const float* b, int64_t n);
 // even; sum of a[i] b[i] over bf16 rows, in float.
 void round_rows_bf16(const float* x, int64_t ldx, uint16_t* y, int64_t ldy, int64_t rows, int64_t n);
 float dot_row_bf16(const uint16_t* a, const uint16_t* b, int64_t n);
-// Column sums of `rows` bf16 rows of n (ld apart) into fp32 out[0:n], rows in order, each added in
-// float; out first zeroed unless `accumulate`.
+// Column sums of `rows` rows of n (ld apart; fp32 or bf16) into fp32 out[0:n], rows in order, each
+// added in float; out first zeroed unless `accumulate`.
+void col_sums_f32(const float* x, int64_t ld, int64_t rows, int64_t n, float* out, bool accumulate);
 void col_sums_bf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t n, float* out, bool accumulate);
 
 // Cross entropy's rows (parallel/cross_entropy.cpp). log(sum(exp(x[0:n]))), as ATen's logsumexp

@@ -83,7 +83,7 @@ struct GeluTanh : public torch::autograd::Function<GeluTanh> {
     return gelu_tanh(x);
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
-    return {gelu_tanh_backward(g[0], ctx->get_saved_variables()[0])};
+    return {gelu_tanh_backward(g[0], ctx->get_saved_variables()[0], may_overwrite_grad(g[0]))};
   }
 };
 
@@ -486,12 +486,15 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &a = saved[0], &b = saved[1];
+    const bool overwrite = may_overwrite_grad(g[0]);  // before gc adds a reference
     const at::Tensor gc = g[0].to(a.scalar_type()).contiguous();
     if (a.is_cuda()) {
       auto [da, db] = device_ops->silu_mul_backward(gc, a, b);
       return {da, db};
     }
-    at::Tensor da = at::empty_like(a), db = at::empty_like(b);
+    // The kernel reads each element of g before it writes da's: da may go over g.
+    at::Tensor da = overwrite && gc.is_same(g[0]) && gc.sizes() == a.sizes() ? gc : at::empty_like(a);
+    at::Tensor db = at::empty_like(b);
     by_dtype(
         a,
         [&] {
@@ -571,10 +574,15 @@ using RotaryKernel = void (*)(const T*, int64_t, const T*, int64_t, const T*, in
 // kernel(in, cos, sin) row by row into a contiguous tensor: the dimensions before the last two are
 // walked here, the rows of the second-to-last dimension by the kernel with their strides. in, cos
 // and sin are views of x's shape (cos and sin expanded), each with a unit-stride last dimension.
+// With `in_place` (in contiguous) the result goes over in: a row's two halves are read before they
+// are written.
 template <typename T>
-at::Tensor rotary_rows(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, RotaryKernel<T> kernel) {
+at::Tensor rotary_rows(const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, RotaryKernel<T> kernel,
+                       bool in_place = false) {
   const int64_t nd = in.dim(), d = in.size(-1);
-  at::Tensor out = at::empty(in.sizes(), in.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = in_place && in.is_contiguous()
+                       ? in
+                       : at::empty(in.sizes(), in.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t rows = nd >= 2 ? in.size(-2) : 1;
   const int64_t outer = rows == 0 ? 0 : in.numel() / (rows * d);
   auto row_stride = [&](const at::Tensor& t) { return nd >= 2 ? t.stride(-2) : 0; };
@@ -602,14 +610,17 @@ at::Tensor rotary_rows(const at::Tensor& in, const at::Tensor& cos, const at::Te
 at::Tensor unit_last(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
 
 // forward (kBackward false: in = x) or the gradient with respect to x (in = the output's gradient).
+// `overwrite`: the result may go over in0 (a backward's gradient that may_overwrite_grad allows).
 template <bool kBackward>
-at::Tensor rotary_kernel(const at::Tensor& in0, const at::Tensor& cos0, const at::Tensor& sin0) {
+at::Tensor rotary_kernel(const at::Tensor& in0, const at::Tensor& cos0, const at::Tensor& sin0,
+                         bool overwrite = false) {
   const at::Tensor in = unit_last(in0);
   const at::Tensor cos = unit_last(cos0).expand(in.sizes()), sin = unit_last(sin0).expand(in.sizes());
   if (in.is_cuda()) return device_ops->rotary(in, cos, sin, kBackward);
+  const bool in_place = overwrite && in.is_same(in0);
   if (in.scalar_type() == at::kFloat)
-    return rotary_rows<float>(in, cos, sin, kBackward ? rotary_backward : rotary_forward);
-  return rotary_rows<uint16_t>(in, cos, sin, kBackward ? rotary_backward_bf16 : rotary_forward_bf16);
+    return rotary_rows<float>(in, cos, sin, kBackward ? rotary_backward : rotary_forward, in_place);
+  return rotary_rows<uint16_t>(in, cos, sin, kBackward ? rotary_backward_bf16 : rotary_forward_bf16, in_place);
 }
 
 struct Rotary : public torch::autograd::Function<Rotary> {
@@ -619,8 +630,9 @@ struct Rotary : public torch::autograd::Function<Rotary> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list g) {
     const auto saved = ctx->get_saved_variables();
+    const bool overwrite = may_overwrite_grad(g[0]) && g[0].scalar_type() == saved[0].scalar_type();
     const at::Tensor gx = g[0].scalar_type() == saved[0].scalar_type() ? g[0] : g[0].to(saved[0].scalar_type());
-    return {rotary_kernel<true>(gx, saved[0], saved[1]), at::Tensor(), at::Tensor()};
+    return {rotary_kernel<true>(gx, saved[0], saved[1], overwrite), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -1015,11 +1027,19 @@ at::Tensor gelu_tanh(const at::Tensor& x) {
   return y;
 }
 
-at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x) {
+bool may_overwrite_grad(const at::Tensor& g) {
+  if (at::GradMode::is_enabled() || !g.defined() || !g.has_storage() || !g.is_contiguous() || !g.device().is_cpu())
+    return false;
+  const int64_t owners = g.is_view() ? 2 : 1;
+  return int64_t(g.storage().use_count()) <= owners && int64_t(g.use_count()) <= 2;
+}
+
+at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x, bool overwrite) {
   if (!cpu_ours(x) || g.scalar_type() != x.scalar_type() || g.sizes() != x.sizes())
     return at::gelu_backward(g, x, "tanh");
   const at::Tensor xc = x.contiguous(), gc = g.contiguous();
-  at::Tensor dx = at::empty_like(xc);
+  // Each element of g is read before dx's is written: the kernel may write over g.
+  at::Tensor dx = overwrite && gc.is_same(g) ? gc : at::empty_like(xc);
   by_dtype(
       xc,
       [&] {

@@ -87,8 +87,18 @@ struct DeviceKernelCheck {
 };
 DeviceKernelCheck verify_device_fast_ops(c10::Device device);
 
-// The op's forward and backward (for tests): y = GELU_tanh(x); dx = g * GELU_tanh'(x).
+// The op's forward and backward (for tests): y = GELU_tanh(x); dx = g * GELU_tanh'(x), written over
+// g's elements when `overwrite` (g contiguous, of x's dtype and sizes) and returned as g.
 at::Tensor gelu_tanh(const at::Tensor& x);
-at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x);
+at::Tensor gelu_tanh_backward(const at::Tensor& g, const at::Tensor& x, bool overwrite = false);
+
+// Whether a custom autograd function's backward may write its result over the incoming gradient
+// `g` (its `variable_list` element): nothing else can read g once the backward has run. Grad mode
+// off (no double backward records g), g contiguous, and the only holders of its storage g's own
+// tensor object (and a view's base) held by the backward's argument and autograd's copy of it:
+// torch::autograd::Function moves the engine's input into a list it passes by value, so a
+// gradient that another node's input buffer also holds, a retained .grad, or a second view of the
+// same storage shows up as one reference more, and gets a fresh result.
+bool may_overwrite_grad(const at::Tensor& g);
 
 }  // namespace mfsdp

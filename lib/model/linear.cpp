@@ -3,6 +3,7 @@
 #include "model/linear.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/autograd.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/library.h>
@@ -53,29 +54,49 @@ void product_into(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, boo
   else at::mm_out(dst, a, b);
 }
 
-// The bias gradient, dy's column sums (dy [rows, out]), into the sink's buffer or a tensor of its own:
-// on fp32 CPU tensors as BLAS's matrix-vector product dy^T 1 (MKL's sgemv streams dy's rows once;
-// ATen's sum over dim 0 took 2.6x its time on a [1024, 1024] dy, bench/results_grads_into_buckets.md),
-// a bf16 dy into fp32 main gradients by a row loop of mfsdp's own (model/cpu_kernels.h: col_sums_bf16;
-// ATen's sum with an fp32 dtype converted dy whole first), elsewhere ATen's sum.
+// dy's column sums (dy [rows, out], fp32 or bf16 with unit column stride) into the fp32 out[0:n]
+// (added to it with `accumulate`), by mfsdp's row loop (model/cpu_kernels.h: col_sums_f32 /
+// col_sums_bf16), the columns split over ATen's threads: each column summed over the rows in order,
+// the same bits on any thread count.
+void col_sums_into(const at::Tensor& d, float* out, bool accumulate) {
+  const int64_t rows = d.size(0), n = d.size(1), ld = std::max<int64_t>(1, d.stride(0));
+  const bool f32 = d.scalar_type() == at::kFloat;
+  const float* xf = f32 ? d.const_data_ptr<float>() : nullptr;
+  const uint16_t* xh = f32 ? nullptr : reinterpret_cast<const uint16_t*>(d.const_data_ptr<at::BFloat16>());
+  // At least 256 columns (1 KiB of each row) per task: rows stream by in long runs.
+  at::parallel_for(0, n, 256, [&](int64_t c0, int64_t c1) {
+    if (f32) col_sums_f32(xf + c0, ld, rows, c1 - c0, out + c0, accumulate);
+    else col_sums_bf16(xh + c0, ld, rows, c1 - c0, out + c0, accumulate);
+  });
+}
+
+// The bias gradient, dy's column sums (dy [rows, out]), into the sink's buffer or a tensor of its
+// own. On CPU fp32 dy, and bf16 dy into fp32 main gradients (bf16 compute with grad_reduce_in_fp32),
+// by col_sums_into: it reads dy once, as BLAS's matrix-vector product dy^T 1 did (ATen's sum over
+// dim 0 took 2.6x that one's time on a [1024, 1024] dy, bench/results_grads_into_buckets.md), without
+// the vector of ones made for each call; ATen's sum with an fp32 dtype converted a bf16 dy whole
+// first. Elsewhere (a GPU, bf16 into bf16) ATen's sum.
 at::Tensor bias_grad(int64_t sink, const at::Tensor& dy) {
-  const bool gemv = dy.is_cpu() && dy.scalar_type() == at::kFloat;
-  const at::Tensor ones = gemv ? at::ones({dy.size(0)}, dy.options()) : at::Tensor();
+  auto rows_of = [](const at::Tensor& t) { return t.stride(1) == 1 || t.size(1) <= 1 ? t : t.contiguous(); };
+  auto ours = [&](const at::Tensor& out) {
+    return dy.is_cpu() && out.is_cpu() && out.is_contiguous() && out.scalar_type() == at::kFloat &&
+           (dy.scalar_type() == at::kFloat || dy.scalar_type() == at::kBFloat16) && dy.dim() == 2;
+  };
   return param_grad(
       sink,
       [&](at::Tensor& dst, bool accumulate) {
-        if (gemv && accumulate) dst.addmv_(dy.t(), ones);
-        else if (gemv) at::mv_out(dst, dy.t(), ones);
-        else if (dst.scalar_type() != dy.scalar_type()) {  // bf16 dy, fp32 buffer (product_into's case)
-          const at::Tensor d = dy.stride(1) == 1 || dy.size(1) <= 1 ? dy : dy.contiguous();
-          TORCH_CHECK(dst.is_contiguous() && d.scalar_type() == at::kBFloat16 && dst.scalar_type() == at::kFloat);
-          col_sums_bf16(reinterpret_cast<const uint16_t*>(d.const_data_ptr<at::BFloat16>()),
-                        std::max<int64_t>(1, d.stride(0)), d.size(0), d.size(1), dst.mutable_data_ptr<float>(),
-                        accumulate);
-        } else if (accumulate) dst.add_(dy.sum(0));
+        if (ours(dst)) return col_sums_into(rows_of(dy), dst.mutable_data_ptr<float>(), accumulate);
+        if (accumulate) dst.add_(dy.sum(0));
         else at::sum_out(dst, dy, {0});
       },
-      [&] { return gemv ? at::mv(dy.t(), ones) : dy.sum(0); });
+      [&] {
+        if (dy.is_cpu() && dy.scalar_type() == at::kFloat && dy.dim() == 2) {
+          at::Tensor out = at::empty({dy.size(1)}, dy.options());
+          col_sums_into(rows_of(dy), out.mutable_data_ptr<float>(), false);
+          return out;
+        }
+        return dy.sum(0);
+      });
 }
 
 // y = x w^T + b. The forward is ATen's own call; the backward is the products ATen's would run
