@@ -600,26 +600,39 @@ MFSDP_CLONES void round_rows_bf16(const float* x, int64_t ldx, uint16_t* y, int6
   }
 }
 
+namespace {
+inline float as_float(float v) { return v; }
+inline float as_float(uint16_t h) { return bf16_float(h); }
 // Column sums of `rows` rows of n (ld apart) into fp32 out[0:n], added to it or (not `accumulate`)
 // written: rows in order, each added in float (a bias's gradient, model/linear.cpp). out stays in
 // L1 while the rows stream by once.
-MFSDP_CLONES void col_sums_f32(const float* x, int64_t ld, int64_t rows, int64_t n, float* out, bool accumulate) {
+// Four rows per walk over out: one load and one store of out for four rows' adds, made in row order
+// (the same bits as a row at a time).
+template <typename T>
+inline void col_sums_impl(const T* x, int64_t ld, int64_t rows, int64_t n, float* out, bool accumulate) {
   if (!accumulate) std::memset(out, 0, size_t(n) * sizeof(float));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * ld;
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const T *x0 = x + r * ld, *x1 = x0 + ld, *x2 = x1 + ld, *x3 = x2 + ld;
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      store(out + i, (((load(out + i) + load(x0 + i)) + load(x1 + i)) + load(x2 + i)) + load(x3 + i));
+    for (; i < n; ++i) out[i] = (((out[i] + as_float(x0[i])) + as_float(x1[i])) + as_float(x2[i])) + as_float(x3[i]);
+  }
+  for (; r < rows; ++r) {
+    const T* xr = x + r * ld;
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes) store(out + i, load(out + i) + load(xr + i));
-    for (; i < n; ++i) out[i] += xr[i];
+    for (; i < n; ++i) out[i] += as_float(xr[i]);
   }
 }
+}  // namespace
+
+MFSDP_CLONES void col_sums_f32(const float* x, int64_t ld, int64_t rows, int64_t n, float* out, bool accumulate) {
+  col_sums_impl(x, ld, rows, n, out, accumulate);
+}
 MFSDP_CLONES void col_sums_bf16(const uint16_t* x, int64_t ld, int64_t rows, int64_t n, float* out, bool accumulate) {
-  if (!accumulate) std::memset(out, 0, size_t(n) * sizeof(float));
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* xr = x + r * ld;
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) store(out + i, load(out + i) + load(xr + i));
-    for (; i < n; ++i) out[i] += bf16_float(xr[i]);
-  }
+  col_sums_impl(x, ld, rows, n, out, accumulate);
 }
 
 // sum of a[i] * b[i] over bf16 rows, in float: 16 lanes of partial sums, then the lanes in order.
