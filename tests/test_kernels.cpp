@@ -10,6 +10,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <functional>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "model/cpu_blas.h"
 #include "model/cpu_kernels.h"
 #include "model/fast_ops.h"
+#include "model/linear.h"
 #include "train/system.h"
 
 using namespace mfsdp;
@@ -251,6 +253,45 @@ TEST_CASE("col_sums_f32: a bias's gradient from fp32 rows, written or added, row
   at::Tensor out = at::full({4}, 3.0f);
   mfsdp::col_sums_f32(nullptr, 4, 0, 4, out.mutable_data_ptr<float>(), false);  // no rows: zeros
   CHECK(out.eq(0).all().item<bool>());
+}
+
+TEST_CASE("The linear layers' bias gradient from any dy layout: contiguous, broadcast rows, transposed, one row") {
+  // The graph's addmm(b, x, w) (HF's Conv1D) rewritten into mfsdp::linear_t, whose bias gradient is
+  // mfsdp::linear's (no sink: its gradients are autograd's),
+  // against the same module unrewritten. Three losses whose gradients reach the layer as a
+  // contiguous dy, as rows 0 apart (the backward of a sum over the rows: an expanded [40]), and as
+  // a transposed copy.
+  auto module = [] {
+    torch::jit::Module m("m");
+    m.define(R"(
+      def forward(self, x, w, b, up, loss: int):
+          y = torch.addmm(b, x, w)
+          if loss == 0:
+              return (y * up).sum()
+          if loss == 1:
+              return (y.sum(0) * up[0]).sum()
+          return (y.t().contiguous().t() * up).sum()
+    )");
+    return m;
+  };
+  torch::jit::Module ref = module(), ours = module();
+  REQUIRE(use_sink_linear(ours).linear == 1);
+  REQUIRE(ours.get_method("forward").graph()->toString().find("mfsdp::linear_t") != std::string::npos);
+  at::Generator gen = at::detail::createCPUGenerator(13);
+  for (int64_t rows : {1, 5, 64}) {
+    const at::Tensor x0 = at::randn({rows, 24}, gen, at::kFloat), w0 = at::randn({24, 40}, gen, at::kFloat);
+    const at::Tensor b0 = at::randn({40}, gen, at::kFloat), up = at::randn({rows, 40}, gen, at::kFloat);
+    for (int64_t loss = 0; loss < 3; ++loss) {
+      INFO("rows " << rows << ", loss " << loss);
+      auto grads = [&](torch::jit::Module& m) {
+        at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true),
+                   b = b0.clone().requires_grad_(true);
+        return torch::autograd::grad({m.forward({x, w, b, up, loss}).toTensor()}, {x, w, b});
+      };
+      const auto g = grads(ours), r = grads(ref);
+      for (int i = 0; i < 3; ++i) CHECK(worst(g[i], r[i], 1e-3) < 1e-5);
+    }
+  }
 }
 
 // mfsdp::gelu_tanh through the dispatcher: its autograd kernel (fast_ops.h's gelu_tanh is the forward).

@@ -59,7 +59,7 @@ void product_into(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, boo
 // col_sums_bf16), the columns split over ATen's threads: each column summed over the rows in order,
 // the same bits on any thread count.
 void col_sums_into(const at::Tensor& d, float* out, bool accumulate) {
-  const int64_t rows = d.size(0), n = d.size(1), ld = std::max<int64_t>(1, d.stride(0));
+  const int64_t rows = d.size(0), n = d.size(1), ld = rows <= 1 ? n : d.stride(0);
   const bool f32 = d.scalar_type() == at::kFloat;
   const float* xf = f32 ? d.const_data_ptr<float>() : nullptr;
   const uint16_t* xh = f32 ? nullptr : reinterpret_cast<const uint16_t*>(d.const_data_ptr<at::BFloat16>());
@@ -77,7 +77,12 @@ void col_sums_into(const at::Tensor& d, float* out, bool accumulate) {
 // the vector of ones made for each call; ATen's sum with an fp32 dtype converted a bf16 dy whole
 // first. Elsewhere (a GPU, bf16 into bf16) ATen's sum.
 at::Tensor bias_grad(int64_t sink, const at::Tensor& dy) {
-  auto rows_of = [](const at::Tensor& t) { return t.stride(1) == 1 || t.size(1) <= 1 ? t : t.contiguous(); };
+  // Rows the loop can walk: unit stride within a row, rows at least a row apart (a broadcast dy, as
+  // the backward of a sum over the rows gives, has rows 0 apart: copied).
+  auto rows_of = [](const at::Tensor& t) {
+    const bool walkable = (t.stride(1) == 1 || t.size(1) <= 1) && (t.size(0) <= 1 || t.stride(0) >= t.size(1));
+    return walkable ? t : t.contiguous();
+  };
   auto ours = [&](const at::Tensor& out) {
     return dy.is_cpu() && out.is_cpu() && out.is_contiguous() && out.scalar_type() == at::kFloat &&
            (dy.scalar_type() == at::kFloat || dy.scalar_type() == at::kBFloat16) && dy.dim() == 2;
