@@ -54,11 +54,15 @@ void product_into(at::Tensor& dst, const at::Tensor& a, const at::Tensor& b, boo
   else at::mm_out(dst, a, b);
 }
 
-// dy's column sums (dy [rows, out], fp32 or bf16 with unit column stride) into the fp32 out[0:n]
-// (added to it with `accumulate`), by mfsdp's row loop (model/cpu_kernels.h: col_sums_f32 /
-// col_sums_bf16), the columns split over ATen's threads: each column summed over the rows in order,
-// the same bits on any thread count.
-void col_sums_into(const at::Tensor& d, float* out, bool accumulate) {
+// dy's column sums (dy [rows, out], fp32 or bf16, any strides) into the fp32 out[0:n] (added to it
+// with `accumulate`), by mfsdp's row loop (model/cpu_kernels.h: col_sums_f32 / col_sums_bf16), the
+// columns split over ATen's threads: each column summed over the rows in order, the same bits on any
+// thread count. The loop walks rows of unit stride at least a row apart; any other dy (a broadcast
+// one, as the backward of a sum over the rows gives, has rows 0 apart) is copied first.
+void col_sums_into(const at::Tensor& dy, float* out, bool accumulate) {
+  const bool walkable =
+      (dy.stride(1) == 1 || dy.size(1) <= 1) && (dy.size(0) <= 1 || dy.stride(0) >= dy.size(1));
+  const at::Tensor d = walkable ? dy : dy.contiguous();
   const int64_t rows = d.size(0), n = d.size(1), ld = rows <= 1 ? n : d.stride(0);
   const bool f32 = d.scalar_type() == at::kFloat;
   const float* xf = f32 ? d.const_data_ptr<float>() : nullptr;
@@ -77,12 +81,6 @@ void col_sums_into(const at::Tensor& d, float* out, bool accumulate) {
 // the vector of ones made for each call; ATen's sum with an fp32 dtype converted a bf16 dy whole
 // first. Elsewhere (a GPU, bf16 into bf16) ATen's sum.
 at::Tensor bias_grad(int64_t sink, const at::Tensor& dy) {
-  // Rows the loop can walk: unit stride within a row, rows at least a row apart (a broadcast dy, as
-  // the backward of a sum over the rows gives, has rows 0 apart: copied).
-  auto rows_of = [](const at::Tensor& t) {
-    const bool walkable = (t.stride(1) == 1 || t.size(1) <= 1) && (t.size(0) <= 1 || t.stride(0) >= t.size(1));
-    return walkable ? t : t.contiguous();
-  };
   auto ours = [&](const at::Tensor& out) {
     return dy.is_cpu() && out.is_cpu() && out.is_contiguous() && out.scalar_type() == at::kFloat &&
            (dy.scalar_type() == at::kFloat || dy.scalar_type() == at::kBFloat16) && dy.dim() == 2;
@@ -90,14 +88,14 @@ at::Tensor bias_grad(int64_t sink, const at::Tensor& dy) {
   return param_grad(
       sink,
       [&](at::Tensor& dst, bool accumulate) {
-        if (ours(dst)) return col_sums_into(rows_of(dy), dst.mutable_data_ptr<float>(), accumulate);
+        if (ours(dst)) return col_sums_into(dy, dst.mutable_data_ptr<float>(), accumulate);
         if (accumulate) dst.add_(dy.sum(0));
         else at::sum_out(dst, dy, {0});
       },
       [&] {
         if (dy.is_cpu() && dy.scalar_type() == at::kFloat && dy.dim() == 2) {
           at::Tensor out = at::empty({dy.size(1)}, dy.options());
-          col_sums_into(rows_of(dy), out.mutable_data_ptr<float>(), false);
+          col_sums_into(dy, out.mutable_data_ptr<float>(), false);
           return out;
         }
         return dy.sum(0);
